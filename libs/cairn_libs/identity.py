@@ -1,0 +1,223 @@
+"""Who is calling: the verified caller (a Principal) and, when an agent acts for
+that caller, the acting service with its run id (an Actor).
+
+Tokens are JWTs. Authorization uses only the caller's token; provenance uses only
+the actor's. Both are verified here with PyJWT against a public key (or a JWKS
+URL in a deployment), so nothing in a request body can name a principal.
+
+Asymmetric keys (EdDSA) rather than a shared secret: services verify with the
+public key, and only the issuer (the identity provider, or `make run` in
+development) holds the private one.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from cairn_libs.errors import Unauthenticated
+
+ALGORITHMS = ["EdDSA", "RS256", "ES256"]
+DEFAULT_ISSUER = "cairn-dev"
+DEFAULT_AUDIENCE = "cairn"
+SERVICE_ROLE = "cairn:service"
+CALLER_METADATA_KEY = "authorization"
+ACTOR_METADATA_KEY = "x-cairn-actor"
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """The verified caller: what may be read or written is decided by this alone."""
+
+    org_id: str
+    user_id: str
+    roles: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+
+    @property
+    def principal_keys(self) -> tuple[str, ...]:
+        """The keys an ACL entry can match: user:, role:, group:."""
+        return (
+            (f"user:{self.user_id}",)
+            + tuple(f"role:{r}" for r in self.roles)
+            + tuple(f"group:{g}" for g in self.groups)
+        )
+
+    def has_role(self, role: str) -> bool:
+        return role in self.roles
+
+
+@dataclass(frozen=True, slots=True)
+class Actor:
+    """The service acting for a caller, with the run it acts in (provenance only)."""
+
+    service: str
+    run_id: str
+    agent: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CallIdentity:
+    principal: Principal
+    actor: Actor | None = None
+
+
+@dataclass(slots=True)
+class TokenVerifier:
+    """Verifies caller and actor tokens with one key (or JWKS) and fixed claims."""
+
+    key: Any
+    issuer: str = DEFAULT_ISSUER
+    audience: str = DEFAULT_AUDIENCE
+    jwks_client: jwt.PyJWKClient | None = None
+    leeway_seconds: float = 5.0
+
+    @classmethod
+    def from_env(cls) -> TokenVerifier:
+        issuer = os.environ.get("CAIRN_JWT_ISSUER", DEFAULT_ISSUER)
+        audience = os.environ.get("CAIRN_JWT_AUDIENCE", DEFAULT_AUDIENCE)
+        jwks_url = os.environ.get("CAIRN_JWT_JWKS_URL")
+        if jwks_url:
+            return cls(key=None, issuer=issuer, audience=audience, jwks_client=jwt.PyJWKClient(jwks_url))
+        key_file = os.environ.get("CAIRN_JWT_PUBLIC_KEY_FILE")
+        if not key_file:
+            raise RuntimeError(
+                "no token verification key: set CAIRN_JWT_PUBLIC_KEY_FILE (a PEM public key) "
+                "or CAIRN_JWT_JWKS_URL"
+            )
+        return cls(key=Path(key_file).read_bytes(), issuer=issuer, audience=audience)
+
+    def _decode(self, token: str) -> dict[str, Any]:
+        try:
+            key = self.key
+            if self.jwks_client is not None:
+                key = self.jwks_client.get_signing_key_from_jwt(token).key
+            claims: dict[str, Any] = jwt.decode(
+                token,
+                key,
+                algorithms=ALGORITHMS,
+                audience=self.audience,
+                issuer=self.issuer,
+                leeway=self.leeway_seconds,
+                options={"require": ["exp", "iss", "aud", "sub"]},
+            )
+        except jwt.ExpiredSignatureError as exc:
+            raise Unauthenticated("token expired") from exc
+        except jwt.PyJWTError as exc:
+            raise Unauthenticated("token invalid") from exc
+        return claims
+
+    def verify_caller(self, token: str) -> Principal:
+        claims = self._decode(token)
+        org = claims.get("org")
+        if not isinstance(org, str) or not org:
+            raise Unauthenticated("token invalid: no org claim")
+        return Principal(
+            org_id=org,
+            user_id=str(claims["sub"]),
+            roles=_str_tuple(claims.get("roles")),
+            groups=_str_tuple(claims.get("groups")),
+        )
+
+    def verify_actor(self, token: str) -> Actor:
+        claims = self._decode(token)
+        if SERVICE_ROLE not in _str_tuple(claims.get("roles")):
+            raise Unauthenticated("actor token invalid: not a service credential")
+        run_id = claims.get("run_id")
+        if not isinstance(run_id, str) or not run_id:
+            raise Unauthenticated("actor token invalid: no run_id claim")
+        return Actor(service=str(claims["sub"]), run_id=run_id, agent=str(claims.get("agent", "")))
+
+
+def _str_tuple(value: object) -> tuple[str, ...]:
+    if isinstance(value, list | tuple):
+        return tuple(str(v) for v in value)
+    return ()
+
+
+@dataclass(slots=True)
+class TokenIssuer:
+    """Mints tokens. Used by `make run` for demo callers and by the orchestrator for
+    its own per-run service credential; a deployment's callers get theirs from the
+    company's identity provider."""
+
+    private_key: Any
+    issuer: str = DEFAULT_ISSUER
+    audience: str = DEFAULT_AUDIENCE
+    algorithm: str = "EdDSA"
+    key_id: str = field(default="cairn-dev")
+
+    @classmethod
+    def from_file(cls, path: str | Path, *, issuer: str = DEFAULT_ISSUER, audience: str = DEFAULT_AUDIENCE) -> TokenIssuer:
+        key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+        return cls(private_key=key, issuer=issuer, audience=audience)
+
+    def caller_token(
+        self,
+        *,
+        org_id: str,
+        user_id: str,
+        roles: Sequence[str] = (),
+        groups: Sequence[str] = (),
+        ttl_seconds: float = 3600,
+        now: float | None = None,
+    ) -> str:
+        issued = time.time() if now is None else now
+        claims = {
+            "iss": self.issuer,
+            "aud": self.audience,
+            "sub": user_id,
+            "org": org_id,
+            "roles": list(roles),
+            "groups": list(groups),
+            "iat": int(issued),
+            "exp": int(issued + ttl_seconds),
+            "jti": uuid.uuid4().hex,
+        }
+        return jwt.encode(claims, self.private_key, algorithm=self.algorithm, headers={"kid": self.key_id})
+
+    def actor_token(self, *, service: str, run_id: str, agent: str = "", ttl_seconds: float = 3600) -> str:
+        issued = time.time()
+        claims = {
+            "iss": self.issuer,
+            "aud": self.audience,
+            "sub": service,
+            "roles": [SERVICE_ROLE],
+            "run_id": run_id,
+            "agent": agent,
+            "iat": int(issued),
+            "exp": int(issued + ttl_seconds),
+        }
+        return jwt.encode(claims, self.private_key, algorithm=self.algorithm, headers={"kid": self.key_id})
+
+
+def generate_dev_keypair(directory: Path) -> tuple[Path, Path]:
+    """Write an Ed25519 key pair for development, once; later calls reuse it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    private_path = directory / "dev_signing_key.pem"
+    public_path = directory / "dev_signing_key.pub.pem"
+    if not private_path.exists():
+        key = Ed25519PrivateKey.generate()
+        private_path.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+        private_path.chmod(0o600)
+        public_path.write_bytes(
+            key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+    return private_path, public_path

@@ -1,0 +1,309 @@
+"""How every cairn service is served: one aio gRPC server with health, reflection
+and the same interceptors, stopped gracefully on SIGTERM.
+
+Interceptors, outermost first: OpenTelemetry (the server span, W3C context from
+metadata), access logging, error mapping (CairnError -> status with google.rpc
+details), identity (verify the caller's token before any work). A servicer
+method never parses a token: it calls `current_identity()`.
+
+Health reports SERVING only while the service's own readiness check passes (its
+database reachable and migrated), re-checked every few seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Protocol
+
+import grpc
+import structlog
+from google.protobuf import duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+from grpc_status import rpc_status
+from opentelemetry.instrumentation.grpc import aio_server_interceptor
+
+from cairn_libs.errors import CairnError, Unauthenticated, status_for
+from cairn_libs.identity import (
+    ACTOR_METADATA_KEY,
+    CALLER_METADATA_KEY,
+    CallIdentity,
+    TokenVerifier,
+)
+from cairn_libs.telemetry import configure_logging, configure_tracing, shutdown_tracing
+
+log = structlog.get_logger("cairn.server")
+
+_identity: contextvars.ContextVar[CallIdentity | None] = contextvars.ContextVar(
+    "cairn_identity", default=None
+)
+_raw_tokens: contextvars.ContextVar[tuple[str, str]] = contextvars.ContextVar(
+    "cairn_raw_tokens", default=("", "")
+)
+
+UNAUTHENTICATED_METHOD_PREFIXES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
+
+
+def current_identity() -> CallIdentity:
+    identity = _identity.get()
+    if identity is None:
+        # Only reachable if a method was served without the identity interceptor.
+        raise Unauthenticated("no verified caller")
+    return identity
+
+
+def current_caller_token() -> str:
+    """The caller's own token, so an acting service can call others with it (I1)."""
+    return _raw_tokens.get()[0]
+
+
+class ServiceApp(Protocol):
+    """What a service gives the bootstrap: its servicers and its readiness."""
+
+    name: str
+
+    def register(self, server: grpc.aio.Server) -> Sequence[str]:
+        """Add servicers; return their full service names (for health and reflection)."""
+        ...
+
+    async def start(self) -> None:
+        """Begin connecting to dependencies; must not block on them being up."""
+        ...
+
+    async def ready(self) -> bool:
+        """True only when every dependency this service needs is usable right now."""
+        ...
+
+    async def stop(self) -> None: ...
+
+
+Around = Callable[[grpc.HandlerCallDetails, grpc.aio.ServicerContext[Any, Any]], AbstractAsyncContextManager[None]]
+
+
+def _wrap_handler(handler: grpc.RpcMethodHandler[Any, Any], details: grpc.HandlerCallDetails, around: Around) -> grpc.RpcMethodHandler[Any, Any]:
+    if handler.unary_unary is not None:
+        inner_uu = handler.unary_unary
+
+        async def unary_unary(request: Any, context: Any) -> Any:
+            async with around(details, context):
+                return await inner_uu(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            unary_unary, handler.request_deserializer, handler.response_serializer
+        )
+    if handler.unary_stream is not None:
+        inner_us = handler.unary_stream
+
+        async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+            async with around(details, context):
+                async for item in inner_us(request, context):
+                    yield item
+
+        return grpc.unary_stream_rpc_method_handler(
+            unary_stream, handler.request_deserializer, handler.response_serializer
+        )
+    if handler.stream_unary is not None:
+        inner_su = handler.stream_unary
+
+        async def stream_unary(request_iterator: Any, context: Any) -> Any:
+            async with around(details, context):
+                return await inner_su(request_iterator, context)
+
+        return grpc.stream_unary_rpc_method_handler(
+            stream_unary, handler.request_deserializer, handler.response_serializer
+        )
+    inner_ss = handler.stream_stream
+    assert inner_ss is not None
+
+    async def stream_stream(request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        async with around(details, context):
+            async for item in inner_ss(request_iterator, context):
+                yield item
+
+    return grpc.stream_stream_rpc_method_handler(
+        stream_stream, handler.request_deserializer, handler.response_serializer
+    )
+
+
+class _AroundInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, around: Around) -> None:
+        self._around = around
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler_call_details.method.startswith(UNAUTHENTICATED_METHOD_PREFIXES):
+            return handler
+        return _wrap_handler(handler, handler_call_details, self._around)
+
+
+def _metadata_value(context: grpc.aio.ServicerContext[Any, Any], key: str) -> str:
+    for item in context.invocation_metadata() or ():
+        if item.key == key:
+            value = item.value
+            return value.decode() if isinstance(value, bytes) else value
+    return ""
+
+
+def _bearer(value: str) -> str:
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return ""
+    return token.strip()
+
+
+def identity_interceptor(verifier: TokenVerifier) -> grpc.aio.ServerInterceptor:
+    @asynccontextmanager
+    async def around(
+        _details: grpc.HandlerCallDetails, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[None]:
+        caller_token = _bearer(_metadata_value(context, CALLER_METADATA_KEY))
+        if not caller_token:
+            raise Unauthenticated("missing bearer token in 'authorization' metadata")
+        principal = verifier.verify_caller(caller_token)
+        actor = None
+        actor_token = _bearer(_metadata_value(context, ACTOR_METADATA_KEY))
+        if actor_token:
+            actor = verifier.verify_actor(actor_token)
+        identity_token = _identity.set(CallIdentity(principal=principal, actor=actor))
+        raw_token = _raw_tokens.set((caller_token, actor_token))
+        structlog.contextvars.bind_contextvars(org_id=principal.org_id, user_id=principal.user_id)
+        try:
+            yield
+        finally:
+            structlog.contextvars.unbind_contextvars("org_id", "user_id")
+            _raw_tokens.reset(raw_token)
+            _identity.reset(identity_token)
+
+    return _AroundInterceptor(around)
+
+
+def to_rpc_status(exc: BaseException) -> grpc.Status:
+    code, message = status_for(exc)
+    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=message)
+    info = error_details_pb2.ErrorInfo(reason=type(exc).__name__.upper() if isinstance(exc, CairnError) else "INTERNAL", domain="cairn")
+    status.details.add().Pack(info)
+    if isinstance(exc, CairnError) and exc.retry_after_seconds is not None:
+        delay = duration_pb2.Duration()
+        delay.FromNanoseconds(int(exc.retry_after_seconds * 1e9))
+        status.details.add().Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+    return rpc_status.to_status(status)
+
+
+def error_mapping_interceptor() -> grpc.aio.ServerInterceptor:
+    @asynccontextmanager
+    async def around(
+        details: grpc.HandlerCallDetails, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        except grpc.aio.AbortError:
+            raise
+        except CairnError as exc:
+            status = to_rpc_status(exc)
+            log.info("rpc.refused", method=details.method, code=status.code.name, reason=type(exc).__name__)
+            await context.abort(status.code, status.details, status.trailing_metadata)
+        except Exception as exc:
+            log.exception("rpc.failed", method=details.method)
+            status = to_rpc_status(exc)
+            await context.abort(status.code, status.details, status.trailing_metadata)
+        else:
+            log.info(
+                "rpc.ok",
+                method=details.method,
+                duration_ms=round((time.perf_counter() - started) * 1000, 2),
+            )
+
+    return _AroundInterceptor(around)
+
+
+def listen_address(default_port: int) -> str:
+    host = os.environ.get("CAIRN_HOST", "127.0.0.1")
+    port = int(os.environ.get("CAIRN_PORT", str(default_port)))
+    return f"{host}:{port}"
+
+
+async def serve(app: ServiceApp, *, address: str, verifier: TokenVerifier) -> None:
+    """Serve until SIGTERM/SIGINT; then report NOT_SERVING, drain, and stop."""
+    server = grpc.aio.server(
+        interceptors=[
+            aio_server_interceptor(),
+            error_mapping_interceptor(),
+            identity_interceptor(verifier),
+        ],
+        options=[("grpc.so_reuseport", 0)],
+    )
+    names = list(app.register(server))
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+        server,
+    )
+    bound = server.add_insecure_port(address)
+    if bound == 0:
+        raise RuntimeError(f"could not bind {address!r}")
+    await app.start()
+    await server.start()
+    log.info("service.listening", service=app.name, address=address)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    interval = float(os.environ.get("CAIRN_HEALTH_INTERVAL_SECONDS", "1.0"))
+
+    async def watch_readiness() -> None:
+        last: bool | None = None
+        while True:
+            try:
+                ok = await asyncio.wait_for(app.ready(), timeout=max(interval, 1.0) * 2)
+            except Exception:
+                ok = False
+            if ok != last:
+                status = (
+                    health_pb2.HealthCheckResponse.SERVING
+                    if ok
+                    else health_pb2.HealthCheckResponse.NOT_SERVING
+                )
+                for name in ["", *names]:
+                    await health.set(name, status)
+                log.info("service.health", service=app.name, serving=ok)
+                last = ok
+            await asyncio.sleep(interval)
+
+    watcher = asyncio.create_task(watch_readiness())
+    await stop.wait()
+    log.info("service.stopping", service=app.name)
+    watcher.cancel()
+    await health.enter_graceful_shutdown()
+    await server.stop(grace=float(os.environ.get("CAIRN_SHUTDOWN_GRACE_SECONDS", "5")))
+    await app.stop()
+    shutdown_tracing()
+    log.info("service.stopped", service=app.name)
+
+
+def run_service(app_factory: Callable[[], ServiceApp], *, default_port: int) -> None:
+    """The body of every service's `__main__`."""
+    probe = app_factory.__module__.split(".")[0]
+    configure_logging(probe)
+    configure_tracing(probe)
+    app = app_factory()
+    asyncio.run(serve(app, address=listen_address(default_port), verifier=TokenVerifier.from_env()))

@@ -1,0 +1,184 @@
+"""Starting cairn's processes locally: the embedded PostgreSQL, the offline model
+and the four services, each as its own OS process. Used by `make run` and by the
+tests, so both exercise the same start-up path a deployment does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+SERVICE_MODULES = {
+    "gateway": "cairn_gateway",
+    "retrieval": "cairn_retrieval",
+    "memory": "cairn_memory",
+    "orchestrator": "cairn_orchestrator",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def start_embedded_postgres(data_dir: Path) -> str:
+    """Start (or reuse) pgserver's PostgreSQL in `data_dir`; return its URL.
+
+    The server outlives this process (cleanup_mode=None) so a second `make run`
+    or a later test session reuses it; `stop_embedded_postgres` stops it.
+    """
+    import pgserver
+
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    server = pgserver.get_server(data_dir, cleanup_mode=None)
+    uri: str = server.get_uri()
+    return uri
+
+
+def stop_embedded_postgres(data_dir: Path) -> None:
+    import pgserver
+
+    if (data_dir / "postmaster.pid").exists():
+        pgserver.pg_ctl(["-w", "stop"], pgdata=data_dir, user="pgserver" if os.geteuid() == 0 else None)
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    address: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    _log_file: IO[bytes] | None = field(default=None, repr=False)
+
+    def stop(self, *, timeout: float = 10.0) -> int:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self._log_file is not None:
+            self._log_file.close()
+        return self.process.returncode
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        if self._log_file is not None:
+            self._log_file.close()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def start_process(
+    name: str,
+    argv: list[str],
+    *,
+    env: Mapping[str, str],
+    log_dir: Path,
+    address: str,
+) -> ServiceProcess:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    log_file = open(log_path, "ab")  # noqa: SIM115 - owned by ServiceProcess
+    process = subprocess.Popen(
+        argv,
+        env={**os.environ, **env},
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        cwd=REPO_ROOT,
+    )
+    return ServiceProcess(name=name, address=address, process=process, log_path=log_path, _log_file=log_file)
+
+
+def start_service(
+    service: str, *, port: int, env: Mapping[str, str], log_dir: Path, suffix: str = ""
+) -> ServiceProcess:
+    return start_process(
+        service + suffix,
+        [sys.executable, "-m", SERVICE_MODULES[service]],
+        env={**env, "CAIRN_PORT": str(port)},
+        log_dir=log_dir,
+        address=f"127.0.0.1:{port}",
+    )
+
+
+def start_fake_provider(*, port: int, log_dir: Path, name: str = "offline", extra: list[str] | None = None) -> ServiceProcess:
+    return start_process(
+        f"fakeprovider-{name}",
+        [sys.executable, "-m", "cairn_fakeprovider", "--port", str(port), "--name", name, *(extra or [])],
+        env={},
+        log_dir=log_dir,
+        address=f"127.0.0.1:{port}",
+    )
+
+
+def health_status(address: str, *, timeout: float = 2.0) -> str:
+    """SERVING, NOT_SERVING, or UNREACHABLE."""
+    with grpc.insecure_channel(address) as ch:
+        try:
+            response = health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=timeout
+            )
+        except grpc.RpcError:
+            return "UNREACHABLE"
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
+
+
+def wait_for_health(
+    proc: ServiceProcess, *, want: str = "SERVING", timeout: float = 60.0
+) -> None:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        if proc.process.poll() is not None:
+            raise RuntimeError(f"{proc.name} exited with {proc.process.returncode}:\n{proc.log_text()[-4000:]}")
+        last = health_status(proc.address, timeout=1.0)
+        if last == want:
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"{proc.name} stayed {last} (wanted {want}):\n{proc.log_text()[-4000:]}")
+
+
+def wait_for_http(proc: ServiceProcess, *, timeout: float = 20.0) -> None:
+    host, _, port = proc.address.rpartition(":")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.process.poll() is not None:
+            raise RuntimeError(f"{proc.name} exited:\n{proc.log_text()[-4000:]}")
+        try:
+            with socket.create_connection((host, int(port)), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"{proc.name} did not listen on {proc.address}")
+
+
+def log_events(proc: ServiceProcess) -> list[dict[str, object]]:
+    """The JSON log lines a process wrote (non-JSON lines are skipped)."""
+    events = []
+    for line in proc.log_text().splitlines():
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            events.append(value)
+    return events
