@@ -22,7 +22,9 @@ SOURCE_FIELD = "source"
 ACL_FIELD = "acl"
 
 
-def acl_keys(*, users: Sequence[str] = (), roles: Sequence[str] = (), groups: Sequence[str] = ()) -> list[str]:
+def acl_keys(
+    *, users: Sequence[str] = (), roles: Sequence[str] = (), groups: Sequence[str] = ()
+) -> list[str]:
     """A document ACL as the key array both stores hold."""
     return sorted(
         {f"user:{u}" for u in users if u}
@@ -45,7 +47,9 @@ class AclPredicate:
         if not cleaned:
             # I7: an empty list means no knowledge; it is never widened to "all".
             raise InvalidInput("sources must name at least one source; an empty list reads nothing")
-        return cls(org_id=principal.org_id, principal_keys=principal.principal_keys, sources=cleaned)
+        return cls(
+            org_id=principal.org_id, principal_keys=principal.principal_keys, sources=cleaned
+        )
 
     def to_sql(self, *, alias: str, first_param: int) -> tuple[str, list[object]]:
         """A WHERE fragment over `alias` using numbered parameters from `first_param`."""

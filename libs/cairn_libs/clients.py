@@ -14,7 +14,7 @@ from cairn_libs.identity import ACTOR_METADATA_KEY, CALLER_METADATA_KEY
 def channel(target: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(
         target,
-        interceptors=aio_client_interceptors(),
+        interceptors=aio_client_interceptors(),  # type: ignore[no-untyped-call]
         options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)],
     )
 

@@ -45,7 +45,9 @@ def vector_literal(values: Sequence[float]) -> str:
 
 
 class Database:
-    def __init__(self, *, url: str, schema: str, migrations: Sequence[Migration], max_size: int = 10) -> None:
+    def __init__(
+        self, *, url: str, schema: str, migrations: Sequence[Migration], max_size: int = 10
+    ) -> None:
         self._url = url
         self.schema = schema
         self._migrations = sorted(migrations, key=lambda m: m.version)
@@ -76,7 +78,9 @@ class Database:
             return self._pool
 
     async def _migrate(self, pool: asyncpg.Pool) -> None:
-        lock_key = int.from_bytes(hashlib.sha256(self.schema.encode()).digest()[:8], "big", signed=True)
+        lock_key = int.from_bytes(
+            hashlib.sha256(self.schema.encode()).digest()[:8], "big", signed=True
+        )
         async with pool.acquire() as conn:
             await conn.execute("SELECT pg_advisory_lock($1)", lock_key)
             try:
@@ -89,7 +93,9 @@ class Database:
                 )
                 applied = {
                     r["version"]
-                    for r in await conn.fetch(f'SELECT version FROM "{self.schema}".schema_migrations')
+                    for r in await conn.fetch(
+                        f'SELECT version FROM "{self.schema}".schema_migrations'
+                    )
                 }
                 for migration in self._migrations:
                     if migration.version in applied:
@@ -101,7 +107,12 @@ class Database:
                             migration.version,
                             migration.name,
                         )
-                    log.info("db.migrated", schema=self.schema, version=migration.version, name=migration.name)
+                    log.info(
+                        "db.migrated",
+                        schema=self.schema,
+                        version=migration.version,
+                        name=migration.name,
+                    )
             finally:
                 await conn.execute("SELECT pg_advisory_unlock($1)", lock_key)
 

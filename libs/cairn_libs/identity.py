@@ -87,7 +87,9 @@ class TokenVerifier:
         audience = os.environ.get("CAIRN_JWT_AUDIENCE", DEFAULT_AUDIENCE)
         jwks_url = os.environ.get("CAIRN_JWT_JWKS_URL")
         if jwks_url:
-            return cls(key=None, issuer=issuer, audience=audience, jwks_client=jwt.PyJWKClient(jwks_url))
+            return cls(
+                key=None, issuer=issuer, audience=audience, jwks_client=jwt.PyJWKClient(jwks_url)
+            )
         key_file = os.environ.get("CAIRN_JWT_PUBLIC_KEY_FILE")
         if not key_file:
             raise RuntimeError(
@@ -157,7 +159,9 @@ class TokenIssuer:
     key_id: str = field(default="cairn-dev")
 
     @classmethod
-    def from_file(cls, path: str | Path, *, issuer: str = DEFAULT_ISSUER, audience: str = DEFAULT_AUDIENCE) -> TokenIssuer:
+    def from_file(
+        cls, path: str | Path, *, issuer: str = DEFAULT_ISSUER, audience: str = DEFAULT_AUDIENCE
+    ) -> TokenIssuer:
         key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
         return cls(private_key=key, issuer=issuer, audience=audience)
 
@@ -183,9 +187,13 @@ class TokenIssuer:
             "exp": int(issued + ttl_seconds),
             "jti": uuid.uuid4().hex,
         }
-        return jwt.encode(claims, self.private_key, algorithm=self.algorithm, headers={"kid": self.key_id})
+        return jwt.encode(
+            claims, self.private_key, algorithm=self.algorithm, headers={"kid": self.key_id}
+        )
 
-    def actor_token(self, *, service: str, run_id: str, agent: str = "", ttl_seconds: float = 3600) -> str:
+    def actor_token(
+        self, *, service: str, run_id: str, agent: str = "", ttl_seconds: float = 3600
+    ) -> str:
         issued = time.time()
         claims = {
             "iss": self.issuer,
@@ -197,7 +205,9 @@ class TokenIssuer:
             "iat": int(issued),
             "exp": int(issued + ttl_seconds),
         }
-        return jwt.encode(claims, self.private_key, algorithm=self.algorithm, headers={"kid": self.key_id})
+        return jwt.encode(
+            claims, self.private_key, algorithm=self.algorithm, headers={"kid": self.key_id}
+        )
 
 
 def generate_dev_keypair(directory: Path) -> tuple[Path, Path]:

@@ -19,7 +19,9 @@ import pytest
 from cairn_libs.identity import TokenIssuer, generate_dev_keypair
 from cairn_libs.stack import start_embedded_postgres
 
-TEST_STATE = Path(os.environ.get("CAIRN_TEST_STATE", Path(tempfile.gettempdir()) / "cairn-test-state"))
+TEST_STATE = Path(
+    os.environ.get("CAIRN_TEST_STATE", Path(tempfile.gettempdir()) / "cairn-test-state")
+)
 
 
 @pytest.fixture(scope="session")

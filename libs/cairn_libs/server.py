@@ -89,10 +89,14 @@ class ServiceApp(Protocol):
     async def stop(self) -> None: ...
 
 
-Around = Callable[[grpc.HandlerCallDetails, grpc.aio.ServicerContext[Any, Any]], AbstractAsyncContextManager[None]]
+Around = Callable[
+    [grpc.HandlerCallDetails, grpc.aio.ServicerContext[Any, Any]], AbstractAsyncContextManager[None]
+]
 
 
-def _wrap_handler(handler: grpc.RpcMethodHandler[Any, Any], details: grpc.HandlerCallDetails, around: Around) -> grpc.RpcMethodHandler[Any, Any]:
+def _wrap_handler(
+    handler: grpc.RpcMethodHandler[Any, Any], details: grpc.HandlerCallDetails, around: Around
+) -> grpc.RpcMethodHandler[Any, Any]:
     if handler.unary_unary is not None:
         inner_uu = handler.unary_unary
 
@@ -108,7 +112,7 @@ def _wrap_handler(handler: grpc.RpcMethodHandler[Any, Any], details: grpc.Handle
 
         async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
             async with around(details, context):
-                async for item in inner_us(request, context):
+                async for item in inner_us(request, context):  # type: ignore[attr-defined]
                     yield item
 
         return grpc.unary_stream_rpc_method_handler(
@@ -129,7 +133,7 @@ def _wrap_handler(handler: grpc.RpcMethodHandler[Any, Any], details: grpc.Handle
 
     async def stream_stream(request_iterator: Any, context: Any) -> AsyncIterator[Any]:
         async with around(details, context):
-            async for item in inner_ss(request_iterator, context):
+            async for item in inner_ss(request_iterator, context):  # type: ignore[attr-defined]
                 yield item
 
     return grpc.stream_stream_rpc_method_handler(
@@ -137,25 +141,29 @@ def _wrap_handler(handler: grpc.RpcMethodHandler[Any, Any], details: grpc.Handle
     )
 
 
-class _AroundInterceptor(grpc.aio.ServerInterceptor):
+class _AroundInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     def __init__(self, around: Around) -> None:
         self._around = around
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
+        ],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any]:
         handler = await continuation(handler_call_details)
-        if handler is None or handler_call_details.method.startswith(UNAUTHENTICATED_METHOD_PREFIXES):
+        if handler is None or handler_call_details.method.startswith(
+            UNAUTHENTICATED_METHOD_PREFIXES
+        ):
             return handler
         return _wrap_handler(handler, handler_call_details, self._around)
 
 
 def _metadata_value(context: grpc.aio.ServicerContext[Any, Any], key: str) -> str:
     for item in context.invocation_metadata() or ():
-        if item.key == key:
-            value = item.value
+        item_key, value = item[0], item[1]
+        if item_key == key:
             return value.decode() if isinstance(value, bytes) else value
     return ""
 
@@ -167,7 +175,7 @@ def _bearer(value: str) -> str:
     return token.strip()
 
 
-def identity_interceptor(verifier: TokenVerifier) -> grpc.aio.ServerInterceptor:
+def identity_interceptor(verifier: TokenVerifier) -> grpc.aio.ServerInterceptor:  # type: ignore[type-arg]
     @asynccontextmanager
     async def around(
         _details: grpc.HandlerCallDetails, context: grpc.aio.ServicerContext[Any, Any]
@@ -196,7 +204,10 @@ def identity_interceptor(verifier: TokenVerifier) -> grpc.aio.ServerInterceptor:
 def to_rpc_status(exc: BaseException) -> grpc.Status:
     code, message = status_for(exc)
     status = status_pb2.Status(code=getattr(code_pb2, code.name), message=message)
-    info = error_details_pb2.ErrorInfo(reason=type(exc).__name__.upper() if isinstance(exc, CairnError) else "INTERNAL", domain="cairn")
+    info = error_details_pb2.ErrorInfo(
+        reason=type(exc).__name__.upper() if isinstance(exc, CairnError) else "INTERNAL",
+        domain="cairn",
+    )
     status.details.add().Pack(info)
     if isinstance(exc, CairnError) and exc.retry_after_seconds is not None:
         delay = duration_pb2.Duration()
@@ -205,7 +216,7 @@ def to_rpc_status(exc: BaseException) -> grpc.Status:
     return rpc_status.to_status(status)
 
 
-def error_mapping_interceptor() -> grpc.aio.ServerInterceptor:
+def error_mapping_interceptor() -> grpc.aio.ServerInterceptor:  # type: ignore[type-arg]
     @asynccontextmanager
     async def around(
         details: grpc.HandlerCallDetails, context: grpc.aio.ServicerContext[Any, Any]
@@ -217,7 +228,12 @@ def error_mapping_interceptor() -> grpc.aio.ServerInterceptor:
             raise
         except CairnError as exc:
             status = to_rpc_status(exc)
-            log.info("rpc.refused", method=details.method, code=status.code.name, reason=type(exc).__name__)
+            log.info(
+                "rpc.refused",
+                method=details.method,
+                code=status.code.name,
+                reason=type(exc).__name__,
+            )
             await context.abort(status.code, status.details, status.trailing_metadata)
         except Exception as exc:
             log.exception("rpc.failed", method=details.method)
@@ -243,7 +259,7 @@ async def serve(app: ServiceApp, *, address: str, verifier: TokenVerifier) -> No
     """Serve until SIGTERM/SIGINT; then report NOT_SERVING, drain, and stop."""
     server = grpc.aio.server(
         interceptors=[
-            aio_server_interceptor(),
+            aio_server_interceptor(),  # type: ignore[no-untyped-call]
             error_mapping_interceptor(),
             identity_interceptor(verifier),
         ],
@@ -253,7 +269,11 @@ async def serve(app: ServiceApp, *, address: str, verifier: TokenVerifier) -> No
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
-        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+        [
+            *names,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ],
         server,
     )
     bound = server.add_insecure_port(address)

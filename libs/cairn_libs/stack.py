@@ -54,7 +54,9 @@ def stop_embedded_postgres(data_dir: Path) -> None:
     import pgserver
 
     if (data_dir / "postmaster.pid").exists():
-        pgserver.pg_ctl(["-w", "stop"], pgdata=data_dir, user="pgserver" if os.geteuid() == 0 else None)
+        pgserver.pg_ctl(
+            ["-w", "stop"], pgdata=data_dir, user="pgserver" if os.geteuid() == 0 else None
+        )
 
 
 @dataclass
@@ -105,7 +107,9 @@ def start_process(
         stderr=subprocess.STDOUT,
         cwd=REPO_ROOT,
     )
-    return ServiceProcess(name=name, address=address, process=process, log_path=log_path, _log_file=log_file)
+    return ServiceProcess(
+        name=name, address=address, process=process, log_path=log_path, _log_file=log_file
+    )
 
 
 def start_service(
@@ -120,10 +124,21 @@ def start_service(
     )
 
 
-def start_fake_provider(*, port: int, log_dir: Path, name: str = "offline", extra: list[str] | None = None) -> ServiceProcess:
+def start_fake_provider(
+    *, port: int, log_dir: Path, name: str = "offline", extra: list[str] | None = None
+) -> ServiceProcess:
     return start_process(
         f"fakeprovider-{name}",
-        [sys.executable, "-m", "cairn_fakeprovider", "--port", str(port), "--name", name, *(extra or [])],
+        [
+            sys.executable,
+            "-m",
+            "cairn_fakeprovider",
+            "--port",
+            str(port),
+            "--name",
+            name,
+            *(extra or []),
+        ],
         env={},
         log_dir=log_dir,
         address=f"127.0.0.1:{port}",
@@ -142,14 +157,14 @@ def health_status(address: str, *, timeout: float = 2.0) -> str:
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
 
 
-def wait_for_health(
-    proc: ServiceProcess, *, want: str = "SERVING", timeout: float = 60.0
-) -> None:
+def wait_for_health(proc: ServiceProcess, *, want: str = "SERVING", timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     last = ""
     while time.monotonic() < deadline:
         if proc.process.poll() is not None:
-            raise RuntimeError(f"{proc.name} exited with {proc.process.returncode}:\n{proc.log_text()[-4000:]}")
+            raise RuntimeError(
+                f"{proc.name} exited with {proc.process.returncode}:\n{proc.log_text()[-4000:]}"
+            )
         last = health_status(proc.address, timeout=1.0)
         if last == want:
             return

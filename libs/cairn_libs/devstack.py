@@ -1,0 +1,246 @@
+"""`make run`: the whole system on its embedded defaults, shown working.
+
+Starts (or reuses) the embedded PostgreSQL, the offline demo model and the four
+services as separate processes, ingests the bundled handbook, asks one question
+as two callers with different rights, prints each answer with its citations and
+trajectory, then keeps the stack up until Ctrl-C. Everything lives under
+`state/`, so a second `make run` reuses keys, database and vectors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+from google.protobuf import json_format
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+from cairn.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+from cairn.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
+from cairn_libs.clients import call_metadata
+from cairn_libs.identity import TokenIssuer, generate_dev_keypair
+from cairn_libs.stack import (
+    REPO_ROOT,
+    ServiceProcess,
+    health_status,
+    start_embedded_postgres,
+    start_fake_provider,
+    start_service,
+    stop_embedded_postgres,
+    wait_for_health,
+    wait_for_http,
+)
+
+STATE = REPO_ROOT / "state"
+PORTS = {"gateway": 50051, "retrieval": 50052, "memory": 50053, "orchestrator": 50054}
+OFFLINE_MODEL_PORT = 8089
+console = Console()
+
+
+def _env(pg_url: str, public_key: Path, private_key: Path) -> dict[str, str]:
+    return {
+        "DATABASE_URL": pg_url,
+        "CAIRN_JWT_PUBLIC_KEY_FILE": str(public_key),
+        "CAIRN_SERVICE_SIGNING_KEY_FILE": str(private_key),
+        "CAIRN_QDRANT_PATH": str(STATE / "qdrant"),
+        "CAIRN_OFFLINE_MODEL_URL": f"http://127.0.0.1:{OFFLINE_MODEL_PORT}/v1",
+        "CAIRN_AGENTS_DIR": str(REPO_ROOT / "agents"),
+        "CAIRN_GATEWAY_ADDR": f"127.0.0.1:{PORTS['gateway']}",
+        "CAIRN_RETRIEVAL_ADDR": f"127.0.0.1:{PORTS['retrieval']}",
+        "CAIRN_MEMORY_ADDR": f"127.0.0.1:{PORTS['memory']}",
+    }
+
+
+def _start_all(env: dict[str, str]) -> list[ServiceProcess]:
+    logs = STATE / "logs"
+    started: list[ServiceProcess] = []
+    model = start_fake_provider(port=OFFLINE_MODEL_PORT, log_dir=logs)
+    wait_for_http(model)
+    started.append(model)
+    for name, port in PORTS.items():
+        if health_status(f"127.0.0.1:{port}") == "SERVING":
+            console.print(f"[yellow]{name} is already serving on :{port}; reusing it[/]")
+            continue
+        proc = start_service(name, port=port, env=env, log_dir=logs)
+        started.append(proc)
+    for proc in started[1:]:
+        wait_for_health(proc, timeout=90)
+        console.print(f"[green]✓[/] {proc.name:<13} SERVING on {proc.address}")
+    return started
+
+
+def _ingest(corpus: dict[str, Any], issuer: TokenIssuer) -> None:
+    ingester = corpus["ingester"]
+    token = issuer.caller_token(
+        org_id=corpus["org"], user_id=ingester["user"], roles=ingester["roles"]
+    )
+    documents = [
+        retrieval_pb2.Document(
+            document_id=d["id"],
+            source=corpus["source"],
+            title=d["title"],
+            text=d["text"],
+            acl=retrieval_pb2.Acl(**d["acl"]),
+        )
+        for d in corpus["documents"]
+    ]
+    with grpc.insecure_channel(f"127.0.0.1:{PORTS['retrieval']}") as ch:
+        stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
+        outcomes = []
+        for progress in stub.IngestDocuments(
+            retrieval_pb2.IngestDocumentsRequest(documents=documents),
+            metadata=call_metadata(token),
+            timeout=300,
+        ):
+            outcomes.append(
+                retrieval_pb2.DocumentOutcome.Name(progress.result.outcome).removeprefix(
+                    "DOCUMENT_OUTCOME_"
+                )
+            )
+        stats = stub.Stats(retrieval_pb2.StatsRequest(), metadata=call_metadata(token), timeout=30)
+    summary = ", ".join(f"{outcomes.count(o)} {o.lower()}" for o in sorted(set(outcomes)))
+    console.print(
+        f"[green]✓[/] ingested the handbook: {summary}; "
+        f"{stats.chunks} chunks, {stats.embedded_chunks} embedded ({stats.embedder or 'no embedder'})"
+    )
+
+
+def _ask(corpus: dict[str, Any], caller: dict[str, Any], issuer: TokenIssuer) -> None:
+    token = issuer.caller_token(org_id=corpus["org"], user_id=caller["user"], roles=caller["roles"])
+    with grpc.insecure_channel(f"127.0.0.1:{PORTS['orchestrator']}") as ch:
+        stub = orchestrator_pb2_grpc.OrchestratorServiceStub(ch)
+        run = stub.StartRun(
+            orchestrator_pb2.StartRunRequest(agent="handbook", input=corpus["question"]),
+            metadata=call_metadata(token),
+            timeout=120,
+        ).run
+        trajectory = stub.GetTrajectory(
+            orchestrator_pb2.GetTrajectoryRequest(run_id=run.run_id),
+            metadata=call_metadata(token),
+            timeout=30,
+        )
+    state = orchestrator_pb2.RunState.Name(run.state).removeprefix("RUN_STATE_")
+    body = f"[bold]Q:[/] {run.input}\n[bold]A:[/] {run.answer or '(no answer)'}"
+    if run.reason:
+        body += f"\n[red]{state}: {run.reason}[/]"
+    if run.citations:
+        body += "\n[bold]Citations:[/]"
+        for c in run.citations:
+            body += f"\n  [{c.label}] {c.title} — {c.document_id} chars {c.char_start}-{c.char_end}"
+    else:
+        body += "\n[bold]Citations:[/] none"
+    console.print(
+        Panel(body, title=f"{caller['title']} · run {run.run_id} · {state}", expand=False)
+    )
+    table = Table(
+        title=f"trajectory of {run.run_id} (trace {trajectory.trace_id})", show_lines=False
+    )
+    for column in ("#", "step", "name", "span", "what happened"):
+        table.add_column(column)
+    for step in trajectory.steps:
+        detail = json_format.MessageToDict(step.detail)
+        table.add_row(
+            str(step.seq),
+            orchestrator_pb2.StepKind.Name(step.kind).removeprefix("STEP_KIND_"),
+            step.name,
+            step.span_id,
+            _summarise(detail, step.error.message),
+        )
+    console.print(table)
+
+
+def _summarise(detail: dict[str, Any], error: str) -> str:
+    if error:
+        return f"error: {error}"
+    keys = ("mode", "provider", "model", "count", "usage", "truncated", "finish_reason")
+    parts = [
+        f"{k}={json.dumps(detail[k]) if isinstance(detail[k], dict) else detail[k]}"
+        for k in keys
+        if k in detail
+    ]
+    if "results" in detail:
+        parts.append("cites " + ",".join(str(r.get("document_id", "")) for r in detail["results"]))
+    return "; ".join(parts)[:160]
+
+
+def _grpcurl_help(corpus: dict[str, Any], issuer: TokenIssuer) -> None:
+    tokens = STATE / "tokens"
+    tokens.mkdir(parents=True, exist_ok=True)
+    for caller in corpus["callers"]:
+        path = tokens / f"{caller['user']}.jwt"
+        path.write_text(
+            issuer.caller_token(
+                org_id=corpus["org"],
+                user_id=caller["user"],
+                roles=caller["roles"],
+                ttl_seconds=86400,
+            )
+        )
+    console.print(
+        Panel(
+            "Tokens for the demo callers are in state/tokens/ (valid 24 h). With grpcurl (reflection is on):\n\n"
+            f"  grpcurl -plaintext 127.0.0.1:{PORTS['orchestrator']} list\n"
+            f'  grpcurl -plaintext -H "authorization: Bearer $(cat state/tokens/tom.jwt)" \\\n'
+            f'    -d \'{{"agent": "handbook", "input": "How many days of leave do I get?"}}\' \\\n'
+            f"    127.0.0.1:{PORTS['orchestrator']} cairn.orchestrator.v1.OrchestratorService/StartRun\n"
+            f"  grpcurl -plaintext 127.0.0.1:{PORTS['retrieval']} grpc.health.v1.Health/Check\n\n"
+            "Logs: state/logs/. The stack stays up until Ctrl-C.",
+            title="call it yourself",
+            expand=False,
+        )
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--stop", action="store_true", help="stop the embedded PostgreSQL and exit")
+    parser.add_argument(
+        "--no-wait", action="store_true", help="exit after the demo instead of staying up"
+    )
+    args = parser.parse_args()
+    if args.stop:
+        stop_embedded_postgres(STATE / "pg")
+        return 0
+
+    STATE.mkdir(exist_ok=True)
+    private_key, public_key = generate_dev_keypair(STATE / "keys")
+    issuer = TokenIssuer.from_file(private_key)
+    console.print("[bold]cairn[/] · starting on embedded defaults (state in ./state)")
+    pg_url = start_embedded_postgres(STATE / "pg")
+    console.print(f"[green]✓[/] PostgreSQL with pgvector at {pg_url}")
+    processes: list[ServiceProcess] = []
+    try:
+        processes = _start_all(_env(pg_url, public_key, private_key))
+        corpus = yaml.safe_load((REPO_ROOT / "demo" / "handbook.yaml").read_text())
+        _ingest(corpus, issuer)
+        for caller in corpus["callers"]:
+            _ask(corpus, caller, issuer)
+        _grpcurl_help(corpus, issuer)
+        if not args.no_wait:
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+            while all(p.process.poll() is None for p in processes):
+                time.sleep(0.5)
+            dead = [p.name for p in processes if p.process.poll() is not None]
+            console.print(f"[red]stopped because {', '.join(dead)} exited; see state/logs/[/]")
+            return 1
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        console.print("stopping…")
+        for proc in reversed(processes):
+            proc.stop()
+        stop_embedded_postgres(STATE / "pg")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
