@@ -1,0 +1,550 @@
+"""The orchestrator's nouns: agent specs, runs, steps, messages, knowledge, and the
+state a run carries from one phase of the loop to the next.
+
+Plain frozen dataclasses with their JSON forms. Proto objects never reach this
+module; the servicer and the remote adapters convert at their doors. The JSON
+forms exist because a run's state is persisted after every step (so a later
+confirmation can resume the run from where it stopped, with nothing replayed).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal, TypeAlias
+
+JSONValue: TypeAlias = Any
+"""A value json.dumps accepts; kept as Any because JSON is recursive."""
+
+Tier = Literal["fast", "balanced", "deep"]
+TIERS: tuple[Tier, ...] = ("fast", "balanced", "deep")
+Role = Literal["system", "user", "assistant", "tool"]
+TurnRole = Literal["user", "assistant"]
+Phase = Literal["call_model", "execute_tools", "finished"]
+
+ADMIN_ROLE = "admin"
+
+
+class RunState(StrEnum):
+    RUNNING = "RUNNING"
+    CONFIRMATION_PENDING = "CONFIRMATION_PENDING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    BUDGET_EXHAUSTED = "BUDGET_EXHAUSTED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def at_rest(self) -> bool:
+        """True once nothing will happen to the run without a person acting."""
+        return self is not RunState.RUNNING
+
+
+class StepKind(StrEnum):
+    MODEL_CALL = "MODEL_CALL"
+    TOOL_CALL = "TOOL_CALL"
+    RETRIEVAL = "RETRIEVAL"
+    MEMORY_READ = "MEMORY_READ"
+    CONFIRMATION_REQUESTED = "CONFIRMATION_REQUESTED"
+    CONFIRMATION_RESOLVED = "CONFIRMATION_RESOLVED"
+
+
+@dataclass(frozen=True, slots=True)
+class Budgets:
+    tokens: int
+    model_calls: int
+    wall_seconds: int
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSpec:
+    name: str
+    description: str
+    tier: Tier
+    system_prompt: str
+    tools: tuple[str, ...]
+    sources: tuple[str, ...]
+    budgets: Budgets
+    reads_memory: bool
+    file: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorValue:
+    """A failure as data (I3): what the loop records and what the model reads."""
+
+    code: str
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"code": self.code, "message": self.message}
+
+
+@dataclass(frozen=True, slots=True)
+class CallCredentials:
+    """What every outgoing call carries: the caller's own token (authorization, I1)
+    and the run's actor token (provenance only)."""
+
+    caller_token: str
+    actor_token: str
+
+
+# ---------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallRequest:
+    id: str
+    name: str
+    arguments_json: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"id": self.id, "name": self.name, "arguments_json": self.arguments_json}
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> ToolCallRequest:
+        return cls(
+            id=str(value["id"]),
+            name=str(value["name"]),
+            arguments_json=str(value["arguments_json"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    role: Role
+    content: str
+    tool_calls: tuple[ToolCallRequest, ...] = ()
+    tool_call_id: str = ""
+    name: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "content": self.content,
+            "tool_calls": [call.to_json() for call in self.tool_calls],
+            "tool_call_id": self.tool_call_id,
+            "name": self.name,
+        }
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> ChatMessage:
+        role = value["role"]
+        if role not in ("system", "user", "assistant", "tool"):
+            raise ValueError(
+                f"stored message role {role!r} is not one of system, user, assistant, tool"
+            )
+        return cls(
+            role=role,
+            content=str(value.get("content", "")),
+            tool_calls=tuple(ToolCallRequest.from_json(c) for c in value.get("tool_calls", ())),
+            tool_call_id=str(value.get("tool_call_id", "")),
+            name=str(value.get("name", "")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationTurn:
+    """One earlier turn as the caller's client kept it."""
+
+    role: TurnRole
+    content: str
+
+
+# ---------------------------------------------------------------- model calls
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDefinition:
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRequest:
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[ToolDefinition, ...]
+    tier: Tier
+    max_tokens: int
+    run_id: str
+    remaining_budget_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class TokenUsage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ModelAttempt:
+    provider: str
+    model: str
+    outcome: str
+    http_status: int
+    latency_ms: float
+    detail: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "provider": self.provider,
+            "model": self.model,
+            "outcome": self.outcome,
+            "http_status": self.http_status,
+            "latency_ms": self.latency_ms,
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ModelReply:
+    message: ChatMessage
+    finish_reason: str
+    usage: TokenUsage
+    provider: str
+    model: str
+    attempts: tuple[ModelAttempt, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RunUsage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    model_calls: int = 0
+
+    def plus(self, usage: TokenUsage) -> RunUsage:
+        """One more model call and what it cost."""
+        return RunUsage(
+            prompt_tokens=self.prompt_tokens + usage.prompt_tokens,
+            completion_tokens=self.completion_tokens + usage.completion_tokens,
+            total_tokens=self.total_tokens
+            + max(usage.total_tokens, usage.prompt_tokens + usage.completion_tokens),
+            model_calls=self.model_calls + 1,
+        )
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+            "model_calls": self.model_calls,
+        }
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> RunUsage:
+        return cls(
+            **{
+                k: int(value.get(k, 0))
+                for k in ("prompt_tokens", "completion_tokens", "total_tokens", "model_calls")
+            }
+        )
+
+
+# ---------------------------------------------------------------- knowledge and memory
+
+
+@dataclass(frozen=True, slots=True)
+class KnowledgeChunk:
+    document_id: str
+    chunk_id: str
+    source: str
+    title: str
+    char_start: int
+    char_end: int
+    text: str
+    bm25_score: float = 0.0
+    dense_score: float = 0.0
+    fused_score: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "document_id": self.document_id,
+            "chunk_id": self.chunk_id,
+            "source": self.source,
+            "title": self.title,
+            "char_start": self.char_start,
+            "char_end": self.char_end,
+            "text": self.text,
+            "bm25_score": self.bm25_score,
+            "dense_score": self.dense_score,
+            "fused_score": self.fused_score,
+        }
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> KnowledgeChunk:
+        return cls(
+            document_id=str(value["document_id"]),
+            chunk_id=str(value["chunk_id"]),
+            source=str(value["source"]),
+            title=str(value["title"]),
+            char_start=int(value["char_start"]),
+            char_end=int(value["char_end"]),
+            text=str(value["text"]),
+            bm25_score=float(value.get("bm25_score", 0.0)),
+            dense_score=float(value.get("dense_score", 0.0)),
+            fused_score=float(value.get("fused_score", 0.0)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LabelledChunk:
+    """A chunk retrieved for this caller in this run, with the label the model cites."""
+
+    label: str
+    chunk: KnowledgeChunk
+
+    def to_json(self) -> dict[str, Any]:
+        return {"label": self.label, "chunk": self.chunk.to_json()}
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> LabelledChunk:
+        return cls(label=str(value["label"]), chunk=KnowledgeChunk.from_json(value["chunk"]))
+
+
+class LabelBook:
+    """Hands out S1, S2, … to the chunks a run has retrieved, in the order they
+    arrive. A chunk seen again keeps its first label, so the model can cite a
+    passage the same way whether it came from the prefetch or a later search."""
+
+    def __init__(self, existing: Sequence[LabelledChunk] = ()) -> None:
+        self._entries: list[LabelledChunk] = list(existing)
+        self._by_chunk = {(e.chunk.document_id, e.chunk.chunk_id): e for e in self._entries}
+
+    def label(self, chunk: KnowledgeChunk) -> LabelledChunk:
+        key = (chunk.document_id, chunk.chunk_id)
+        known = self._by_chunk.get(key)
+        if known is not None:
+            return known
+        entry = LabelledChunk(label=f"S{len(self._entries) + 1}", chunk=chunk)
+        self._entries.append(entry)
+        self._by_chunk[key] = entry
+        return entry
+
+    @property
+    def entries(self) -> tuple[LabelledChunk, ...]:
+        return tuple(self._entries)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchOutcome:
+    results: tuple[KnowledgeChunk, ...]
+    mode: str
+    mode_reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RecalledMemory:
+    memory_id: str
+    text: str
+    subject_kind: str
+    subject_id: str
+    author_kind: str
+    author_id: str
+    run_id: str
+    created_at: datetime | None
+    expires_at: datetime | None
+    score: float = 0.0
+    claim_type: str = ""
+    state: str = ""
+    valid_from: datetime | None = None
+    valid_until: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RecallOutcome:
+    memories: tuple[RecalledMemory, ...]
+    mode: str
+    mode_reason: str
+
+
+# ---------------------------------------------------------------- runs and steps
+
+
+@dataclass(frozen=True, slots=True)
+class Citation:
+    label: str
+    document_id: str
+    chunk_id: str
+    source: str
+    title: str
+    char_start: int
+    char_end: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "document_id": self.document_id,
+            "chunk_id": self.chunk_id,
+            "source": self.source,
+            "title": self.title,
+            "char_start": self.char_start,
+            "char_end": self.char_end,
+        }
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Citation:
+        return cls(
+            label=str(value["label"]),
+            document_id=str(value["document_id"]),
+            chunk_id=str(value["chunk_id"]),
+            source=str(value["source"]),
+            title=str(value["title"]),
+            char_start=int(value["char_start"]),
+            char_end=int(value["char_end"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    run_id: str
+    org_id: str
+    user_id: str
+    agent: str
+    state: RunState
+    input: str
+    conversation_id: str
+    trace_id: str
+    created_at: datetime
+    updated_at: datetime
+    answer: str = ""
+    citations: tuple[Citation, ...] = ()
+    reason: str = ""
+    usage: RunUsage = field(default_factory=RunUsage)
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """A finished step before the store gives it its place (seq) in the run."""
+
+    kind: StepKind
+    name: str
+    span_id: str
+    started_at: datetime
+    finished_at: datetime
+    detail: Mapping[str, JSONValue]
+    error: ErrorValue | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    seq: int
+    kind: StepKind
+    name: str
+    span_id: str
+    started_at: datetime
+    finished_at: datetime
+    detail: Mapping[str, JSONValue]
+    error: ErrorValue | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CardDetail:
+    label: str
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class ConfirmationCard:
+    """What a person reads before approving a write."""
+
+    summary: str
+    details: tuple[CardDetail, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PendingConfirmation:
+    confirmation_token: str
+    run_id: str
+    tool_name: str
+    card: ConfirmationCard
+    created_at: datetime
+    expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Trajectory:
+    run_id: str
+    trace_id: str
+    steps: tuple[Step, ...]
+
+
+class RunEventKind(StrEnum):
+    STEP_STARTED = "STEP_STARTED"
+    STEP_FINISHED = "STEP_FINISHED"
+    CONFIRMATION_PENDING = "CONFIRMATION_PENDING"
+    ANSWER = "ANSWER"
+    RUN_FINISHED = "RUN_FINISHED"
+
+
+@dataclass(frozen=True, slots=True)
+class RunEvent:
+    kind: RunEventKind
+    step: Step | None = None
+    run: Run | None = None
+    answer_delta: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PageCursor:
+    """Where the next page of ListRuns starts: after this (created_at, run_id)."""
+
+    created_at: datetime
+    run_id: str
+
+
+# ---------------------------------------------------------------- the loop's state
+
+
+@dataclass(frozen=True, slots=True)
+class LoopState:
+    """Everything the loop needs to continue a run from its next phase.
+
+    Persisted with every step, so resuming after a confirmation (or a restart)
+    starts from `next_phase` with these messages, and replays nothing."""
+
+    messages: tuple[ChatMessage, ...]
+    knowledge: tuple[LabelledChunk, ...]
+    usage: RunUsage
+    next_phase: Phase
+    pending_calls: tuple[ToolCallRequest, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "messages": [m.to_json() for m in self.messages],
+            "knowledge": [k.to_json() for k in self.knowledge],
+            "usage": self.usage.to_json(),
+            "next_phase": self.next_phase,
+            "pending_calls": [c.to_json() for c in self.pending_calls],
+        }
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> LoopState:
+        phase = value["next_phase"]
+        if phase not in ("call_model", "execute_tools", "finished"):
+            raise ValueError(f"stored next_phase {phase!r} is not a phase of the loop")
+        return cls(
+            messages=tuple(ChatMessage.from_json(m) for m in value["messages"]),
+            knowledge=tuple(LabelledChunk.from_json(k) for k in value["knowledge"]),
+            usage=RunUsage.from_json(value["usage"]),
+            next_phase=phase,
+            pending_calls=tuple(
+                ToolCallRequest.from_json(c) for c in value.get("pending_calls", ())
+            ),
+        )
+
+
+def new_run_id() -> str:
+    return f"run_{uuid.uuid4().hex}"

@@ -1,0 +1,84 @@
+"""What can go wrong in the orchestrator, and which gRPC status each cause becomes.
+
+    OrchestratorError (CairnError)
+    ├── UnknownAgent             StartRun names no loaded agent spec        INVALID_ARGUMENT
+    ├── BadPageToken             ListRuns got a token it never issued       INVALID_ARGUMENT
+    ├── AgentSpecInvalid         a spec file is malformed (at start-up)     INVALID_ARGUMENT
+    ├── ToolContractViolation    a tool registered against the contract     INTERNAL
+    ├── RunNotVisible            a run of someone else, or none at all      PERMISSION_DENIED (I6)
+    ├── DependencyFailed         gateway, retrieval or memory call failed   UNAVAILABLE
+    ├── StoreUnavailable         the run store (PostgreSQL) failed          UNAVAILABLE
+    └── ConfirmationsNotYetAvailable  confirmations are not built yet      UNIMPLEMENTED
+
+Inside a run most of these never reach the caller: a failed retrieval, memory
+read or tool is recorded as a step error (I3, I11), and a failed model call ends
+the run FAILED with the reason. Only the request itself (an unknown agent, a
+run that is not the caller's) is refused with a status.
+"""
+
+from __future__ import annotations
+
+from cairn_libs.errors import (
+    CairnError,
+    Denied,
+    DependencyUnavailable,
+    InvalidInput,
+    NotConfigured,
+)
+
+
+class OrchestratorError(CairnError):
+    """Base of every orchestrator error."""
+
+
+class UnknownAgent(OrchestratorError, InvalidInput):
+    def __init__(self, agent: str, known: list[str]) -> None:
+        listed = ", ".join(repr(name) for name in known) or "none are loaded"
+        super().__init__(f"agent {agent!r} is not known; known agents: {listed}")
+        self.agent = agent
+
+
+class BadPageToken(OrchestratorError, InvalidInput):
+    def __init__(self, token: str) -> None:
+        super().__init__(
+            f"page_token {token[:40]!r} was not issued by ListRuns; pass the "
+            "next_page_token of the previous page, or an empty token for the first page"
+        )
+
+
+class AgentSpecInvalid(OrchestratorError, InvalidInput):
+    """A spec file the orchestrator refuses to load; the message names file and field."""
+
+    def __init__(self, file: str, field: str, problem: str) -> None:
+        super().__init__(f"{file}: field {field!r}: {problem}")
+        self.file = file
+        self.field = field
+
+
+class ToolContractViolation(OrchestratorError):
+    """A programming error: a tool that breaks the contract cannot be registered."""
+
+
+class RunNotVisible(OrchestratorError, Denied):
+    """I6: a run that does not exist and a run of someone else read the same."""
+
+
+class DependencyFailed(OrchestratorError, DependencyUnavailable):
+    """A call to gateway, retrieval or memory failed; `code` is the gRPC status name."""
+
+    def __init__(self, service: str, code: str, message: str) -> None:
+        super().__init__(f"the {service} service failed ({code}): {message}")
+        self.service = service
+        self.status_code = code
+        self.detail = message
+
+
+class StoreUnavailable(OrchestratorError, DependencyUnavailable):
+    pass
+
+
+class ConfirmationsNotYetAvailable(OrchestratorError, NotConfigured):
+    def __init__(self) -> None:
+        super().__init__(
+            "confirmations arrive with the orchestrator issue; this build proposes no writes"
+        )

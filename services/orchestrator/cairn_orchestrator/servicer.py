@@ -1,0 +1,244 @@
+"""OrchestratorService over gRPC: protos in, protos out, converted at this door.
+
+Nothing is decided here. The identity interceptor has verified the caller before
+a method runs; the methods read it with `current_identity()` (and the raw token,
+which the loop passes on to retrieval and memory, I1) and hand plain values to
+the Orchestrator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from datetime import datetime
+from typing import Any
+
+import grpc
+from google.protobuf import struct_pb2, timestamp_pb2
+
+from cairn.gateway.v1 import gateway_pb2
+from cairn.orchestrator.v1 import orchestrator_pb2 as pb
+from cairn.orchestrator.v1 import orchestrator_pb2_grpc
+from cairn_libs.errors import InvalidInput
+from cairn_libs.server import current_caller_token, current_identity
+from cairn_orchestrator.domain import (
+    AgentSpec,
+    Citation,
+    ConversationTurn,
+    PendingConfirmation,
+    Run,
+    RunEvent,
+    Step,
+)
+from cairn_orchestrator.loop import Caller
+from cairn_orchestrator.orchestrator import Orchestrator
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+_TIERS = {
+    "fast": gateway_pb2.TIER_FAST,
+    "balanced": gateway_pb2.TIER_BALANCED,
+    "deep": gateway_pb2.TIER_DEEP,
+}
+
+
+# ---------------------------------------------------------------- to proto
+
+
+def timestamp_to_proto(moment: datetime) -> timestamp_pb2.Timestamp:
+    value = timestamp_pb2.Timestamp()
+    value.FromDatetime(moment)
+    return value
+
+
+def struct_to_proto(detail: Mapping[str, Any]) -> struct_pb2.Struct:
+    value = struct_pb2.Struct()
+    value.update(dict(detail))
+    return value
+
+
+def citation_to_proto(citation: Citation) -> pb.Citation:
+    return pb.Citation(
+        label=citation.label,
+        document_id=citation.document_id,
+        chunk_id=citation.chunk_id,
+        source=citation.source,
+        title=citation.title,
+        char_start=citation.char_start,
+        char_end=citation.char_end,
+    )
+
+
+def run_to_proto(run: Run) -> pb.Run:
+    return pb.Run(
+        run_id=run.run_id,
+        agent=run.agent,
+        state=pb.RunState.Value(f"RUN_STATE_{run.state.value}"),
+        input=run.input,
+        answer=run.answer,
+        citations=[citation_to_proto(c) for c in run.citations],
+        reason=run.reason,
+        conversation_id=run.conversation_id,
+        user_id=run.user_id,
+        trace_id=run.trace_id,
+        usage=pb.RunUsage(
+            prompt_tokens=run.usage.prompt_tokens,
+            completion_tokens=run.usage.completion_tokens,
+            total_tokens=run.usage.total_tokens,
+            model_calls=run.usage.model_calls,
+        ),
+        created_at=timestamp_to_proto(run.created_at),
+        updated_at=timestamp_to_proto(run.updated_at),
+    )
+
+
+def step_to_proto(step: Step) -> pb.Step:
+    message = pb.Step(
+        seq=step.seq,
+        kind=pb.StepKind.Value(f"STEP_KIND_{step.kind.value}"),
+        name=step.name,
+        span_id=step.span_id,
+        started_at=timestamp_to_proto(step.started_at),
+        finished_at=timestamp_to_proto(step.finished_at),
+        detail=struct_to_proto(step.detail),
+    )
+    if step.error is not None:
+        message.error.CopyFrom(pb.StepError(code=step.error.code, message=step.error.message))
+    return message
+
+
+def agent_to_proto(spec: AgentSpec) -> pb.Agent:
+    return pb.Agent(
+        name=spec.name,
+        description=spec.description,
+        tier=_TIERS[spec.tier],
+        tools=list(spec.tools),
+        sources=list(spec.sources),
+        budgets=pb.AgentBudgets(
+            tokens=spec.budgets.tokens,
+            model_calls=spec.budgets.model_calls,
+            wall_seconds=spec.budgets.wall_seconds,
+        ),
+        reads_memory=spec.reads_memory,
+    )
+
+
+def event_to_proto(event: RunEvent) -> pb.StreamRunResponse:
+    message = pb.StreamRunResponse(
+        kind=pb.RunEventKind.Value(f"RUN_EVENT_KIND_{event.kind.value}"),
+        answer_delta=event.answer_delta,
+    )
+    if event.step is not None:
+        message.step.CopyFrom(step_to_proto(event.step))
+    if event.run is not None:
+        message.run.CopyFrom(run_to_proto(event.run))
+    return message
+
+
+def pending_to_proto(pending: PendingConfirmation) -> pb.PendingConfirmation:
+    return pb.PendingConfirmation(
+        confirmation_token=pending.confirmation_token,
+        run_id=pending.run_id,
+        tool_name=pending.tool_name,
+        card=pb.ConfirmationCard(
+            summary=pending.card.summary,
+            details=[pb.CardDetail(label=d.label, value=d.value) for d in pending.card.details],
+            warnings=list(pending.card.warnings),
+        ),
+        created_at=timestamp_to_proto(pending.created_at),
+        expires_at=timestamp_to_proto(pending.expires_at),
+    )
+
+
+# ---------------------------------------------------------------- from proto
+
+
+def turn_from_proto(turn: pb.ConversationTurn, index: int) -> ConversationTurn:
+    if turn.role == pb.TURN_ROLE_USER:
+        return ConversationTurn(role="user", content=turn.content)
+    if turn.role == pb.TURN_ROLE_ASSISTANT:
+        return ConversationTurn(role="assistant", content=turn.content)
+    raise InvalidInput(
+        f"messages[{index}].role {pb.TurnRole.Name(turn.role)!r} is not accepted; "
+        "use TURN_ROLE_USER or TURN_ROLE_ASSISTANT"
+    )
+
+
+def _caller() -> Caller:
+    return Caller(principal=current_identity().principal, token=current_caller_token())
+
+
+class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
+    def __init__(self, orchestrator: Orchestrator) -> None:
+        self._orchestrator = orchestrator
+
+    async def StartRun(self, request: pb.StartRunRequest, context: Context) -> pb.StartRunResponse:
+        earlier = [turn_from_proto(turn, i) for i, turn in enumerate(request.messages)]
+        run = await self._orchestrator.start_run(
+            _caller(),
+            agent=request.agent,
+            question=request.input,
+            conversation_id=request.conversation_id,
+            earlier=earlier,
+        )
+        return pb.StartRunResponse(run=run_to_proto(run))
+
+    async def StreamRun(
+        self, request: pb.StreamRunRequest, context: Context
+    ) -> AsyncIterator[pb.StreamRunResponse]:
+        async for event in self._orchestrator.follow(current_identity().principal, request.run_id):
+            yield event_to_proto(event)
+
+    async def GetRun(self, request: pb.GetRunRequest, context: Context) -> pb.GetRunResponse:
+        run = await self._orchestrator.get_run(current_identity().principal, request.run_id)
+        return pb.GetRunResponse(run=run_to_proto(run))
+
+    async def ListRuns(self, request: pb.ListRunsRequest, context: Context) -> pb.ListRunsResponse:
+        page = await self._orchestrator.list_runs(
+            current_identity().principal,
+            requested_size=request.page_size,
+            page_token=request.page_token,
+        )
+        return pb.ListRunsResponse(
+            runs=[run_to_proto(r) for r in page.runs], next_page_token=page.next_page_token
+        )
+
+    async def GetTrajectory(
+        self, request: pb.GetTrajectoryRequest, context: Context
+    ) -> pb.GetTrajectoryResponse:
+        trajectory = await self._orchestrator.trajectory(
+            current_identity().principal, request.run_id
+        )
+        return pb.GetTrajectoryResponse(
+            run_id=trajectory.run_id,
+            trace_id=trajectory.trace_id,
+            steps=[step_to_proto(s) for s in trajectory.steps],
+        )
+
+    async def ResolveConfirmation(
+        self, request: pb.ResolveConfirmationRequest, context: Context
+    ) -> pb.ResolveConfirmationResponse:
+        if request.decision not in (pb.DECISION_APPROVE, pb.DECISION_DENY):
+            raise InvalidInput(
+                f"decision {pb.Decision.Name(request.decision)!r} is not accepted; use DECISION_APPROVE or DECISION_DENY"
+            )
+        run = await self._orchestrator.resolve_confirmation(
+            current_identity().principal,
+            request.confirmation_token,
+            approve=request.decision == pb.DECISION_APPROVE,
+        )
+        return pb.ResolveConfirmationResponse(run=run_to_proto(run))
+
+    async def ListPendingConfirmations(
+        self, request: pb.ListPendingConfirmationsRequest, context: Context
+    ) -> pb.ListPendingConfirmationsResponse:
+        pending = await self._orchestrator.pending_confirmations(current_identity().principal)
+        return pb.ListPendingConfirmationsResponse(
+            confirmations=[pending_to_proto(p) for p in pending]
+        )
+
+    async def ListAgents(
+        self, request: pb.ListAgentsRequest, context: Context
+    ) -> pb.ListAgentsResponse:
+        return pb.ListAgentsResponse(
+            agents=[agent_to_proto(spec) for spec in self._orchestrator.agents()]
+        )

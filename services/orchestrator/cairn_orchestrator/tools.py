@@ -1,0 +1,281 @@
+"""The tool contract, the registry that enforces it, and the dispatcher that runs
+one tool call and always comes back with data.
+
+A tool is a name, a description, a JSON schema for its arguments, an effect
+(read or write), a result byte cap, and a handler. Arguments are validated
+against the schema before the handler runs; a handler returns a result or an
+error value, and a handler that raises anyway is caught here and becomes error
+data (I3). Results above the byte cap are cut and marked truncated (I10).
+
+A write needs a person's yes before it runs (I4), so a write tool is registered
+only with a confirmation card renderer; until confirmations are built the loop
+answers a proposed write with error data instead of running it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import structlog
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from jsonschema.exceptions import best_match as best_schema_error
+
+from cairn_libs.identity import Principal
+from cairn_orchestrator.domain import (
+    CallCredentials,
+    ConfirmationCard,
+    ErrorValue,
+    JSONValue,
+    LabelBook,
+    LabelledChunk,
+    ToolCallRequest,
+    ToolDefinition,
+)
+from cairn_orchestrator.errors import ToolContractViolation
+
+log = structlog.get_logger(__name__)
+
+Effect = Literal["read", "write"]
+DEFAULT_RESULT_BYTE_CAP = 256 * 1024
+TOOL_NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
+
+# Error codes a model can read in a tool message.
+INVALID_INPUT = "tool.invalid_input"
+TOOL_FAILED = "tool.failed"
+UNKNOWN_TOOL = "tool.unknown"
+CONFIRMATION_UNAVAILABLE = "tool.confirmation_unavailable"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """What a handler may know about the call it serves. `sources` come from the
+    agent's spec (I7); `credentials` are the caller's own (I1)."""
+
+    principal: Principal
+    run_id: str
+    agent: str
+    remaining_tokens: int
+    sources: tuple[str, ...]
+    credentials: CallCredentials
+    labels: LabelBook
+    confirmation_token: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """A handler's success: content the model reads (JSON), and any knowledge chunks
+    it labelled, so citations can point at them."""
+
+    content: JSONValue
+    knowledge: tuple[LabelledChunk, ...] = ()
+
+
+ToolHandler = Callable[[Mapping[str, Any], ToolContext], Awaitable[ToolResult | ErrorValue]]
+CardRenderer = Callable[[Mapping[str, Any], ToolContext], ConfirmationCard]
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+    effect: Effect
+    handler: ToolHandler
+    card: CardRenderer | None = None
+    result_byte_cap: int = DEFAULT_RESULT_BYTE_CAP
+    needs_confirmation: bool = False
+
+    @property
+    def confirmation_required(self) -> bool:
+        """Forced for writes: no flag can make a write run unconfirmed (I4)."""
+        return self.needs_confirmation or self.effect == "write"
+
+    def definition(self) -> ToolDefinition:
+        return ToolDefinition(
+            name=self.name, description=self.description, parameters=self.parameters
+        )
+
+
+@dataclass(slots=True)
+class ToolRegistry:
+    _tools: dict[str, Tool] = field(default_factory=dict)
+    _validators: dict[str, Draft202012Validator] = field(default_factory=dict)
+
+    def register(self, tool: Tool) -> None:
+        """Add a tool, or refuse one that breaks the contract."""
+        if not TOOL_NAME_PATTERN.match(tool.name):
+            raise ToolContractViolation(
+                f"tool name {tool.name!r} must match {TOOL_NAME_PATTERN.pattern}"
+            )
+        if tool.name in self._tools:
+            raise ToolContractViolation(f"a tool named {tool.name!r} is already registered")
+        if tool.effect not in ("read", "write"):
+            raise ToolContractViolation(
+                f"tool {tool.name!r}: effect {tool.effect!r} is not 'read' or 'write'"
+            )
+        if tool.confirmation_required and tool.card is None:
+            raise ToolContractViolation(
+                f"tool {tool.name!r} needs confirmation ({tool.effect}) but has no confirmation card "
+                "renderer; a person must be able to read what they approve"
+            )
+        if tool.result_byte_cap < 64:
+            raise ToolContractViolation(
+                f"tool {tool.name!r}: result_byte_cap {tool.result_byte_cap!r} is below 64 bytes"
+            )
+        try:
+            Draft202012Validator.check_schema(tool.parameters)
+        except SchemaError as exc:
+            raise ToolContractViolation(
+                f"tool {tool.name!r}: its argument schema is invalid: {exc.message}"
+            ) from exc
+        if tool.parameters.get("type") != "object":
+            raise ToolContractViolation(
+                f"tool {tool.name!r}: its argument schema must describe an object"
+            )
+        self._tools[tool.name] = tool
+        self._validators[tool.name] = Draft202012Validator(tool.parameters)
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._tools)
+
+    def definitions(self, names: Sequence[str]) -> tuple[ToolDefinition, ...]:
+        return tuple(self._tools[name].definition() for name in names if name in self._tools)
+
+    def validator(self, name: str) -> Draft202012Validator:
+        return self._validators[name]
+
+
+# ---------------------------------------------------------------- pure parts of a call
+
+
+def parse_arguments(
+    validator: Draft202012Validator, arguments_json: str
+) -> dict[str, Any] | ErrorValue:
+    """The model's argument text as a dict the schema accepts, or tool.invalid_input."""
+    try:
+        arguments = json.loads(arguments_json or "{}")
+    except json.JSONDecodeError as exc:
+        return ErrorValue(
+            INVALID_INPUT, f"arguments are not valid JSON: {exc.msg} at position {exc.pos}"
+        )
+    if not isinstance(arguments, dict):
+        return ErrorValue(
+            INVALID_INPUT, f"arguments must be a JSON object, got {type(arguments).__name__}"
+        )
+    error = best_schema_error(validator.iter_errors(arguments))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(the arguments object)"
+        return ErrorValue(INVALID_INPUT, f"argument {where}: {error.message}")
+    return arguments
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedResult:
+    """The text a tool message carries, and whether it had to be cut."""
+
+    text: str
+    truncated: bool
+    full_bytes: int
+
+
+def truncation_marker(full_bytes: int, cap: int) -> str:
+    return (
+        f"\n[truncated: this result was cut at {cap} bytes; the full result had {full_bytes} bytes]"
+    )
+
+
+def render_result(content: JSONValue, *, byte_cap: int) -> RenderedResult:
+    """Serialise a result; above the cap, keep the head and say it was cut (I10)."""
+    text = (
+        content
+        if isinstance(content, str)
+        else json.dumps(content, ensure_ascii=False, separators=(",", ":"))
+    )
+    encoded = text.encode("utf-8")
+    if len(encoded) <= byte_cap:
+        return RenderedResult(text=text, truncated=False, full_bytes=len(encoded))
+    marker = truncation_marker(len(encoded), byte_cap)
+    room = max(byte_cap - len(marker.encode("utf-8")), 0)
+    head = encoded[:room].decode("utf-8", errors="ignore")
+    return RenderedResult(text=head + marker, truncated=True, full_bytes=len(encoded))
+
+
+def error_content(error: ErrorValue) -> str:
+    return json.dumps({"error": error.to_json()}, ensure_ascii=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallOutcome:
+    """What one tool call came to; the loop records it and sends `content` back."""
+
+    call: ToolCallRequest
+    content: str
+    arguments: Mapping[str, Any] | None = None
+    result: JSONValue = None
+    error: ErrorValue | None = None
+    truncated: bool = False
+    result_bytes: int = 0
+    knowledge: tuple[LabelledChunk, ...] = ()
+
+    def detail(self) -> dict[str, JSONValue]:
+        detail: dict[str, JSONValue] = {
+            "tool_call_id": self.call.id,
+            "arguments": dict(self.arguments)
+            if self.arguments is not None
+            else self.call.arguments_json,
+            "truncated": self.truncated,
+            "result_bytes": self.result_bytes,
+        }
+        if self.error is None:
+            detail["result"] = self.content if self.truncated else self.result
+        if self.knowledge:
+            detail["labels"] = [entry.label for entry in self.knowledge]
+        return detail
+
+
+def refused(call: ToolCallRequest, error: ErrorValue) -> ToolCallOutcome:
+    return ToolCallOutcome(call=call, content=error_content(error), error=error)
+
+
+async def dispatch(
+    registry: ToolRegistry, call: ToolCallRequest, context: ToolContext
+) -> ToolCallOutcome:
+    """Run one call of a registered read tool; every way it can go wrong is data."""
+    tool = registry.get(call.name)
+    if tool is None:
+        return refused(call, ErrorValue(UNKNOWN_TOOL, f"no tool named {call.name!r} is available"))
+    arguments = parse_arguments(registry.validator(tool.name), call.arguments_json)
+    if isinstance(arguments, ErrorValue):
+        return refused(call, arguments)
+    try:
+        outcome = await tool.handler(arguments, context)
+    except Exception as exc:  # I3: a raising handler is a bug in the tool, not the run.
+        log.warning("tool.raised", tool=tool.name, error=type(exc).__name__)
+        error = ErrorValue(
+            TOOL_FAILED, f"the {tool.name} tool failed unexpectedly ({type(exc).__name__})"
+        )
+        return ToolCallOutcome(
+            call=call, content=error_content(error), arguments=arguments, error=error
+        )
+    if isinstance(outcome, ErrorValue):
+        return ToolCallOutcome(
+            call=call, content=error_content(outcome), arguments=arguments, error=outcome
+        )
+    rendered = render_result(outcome.content, byte_cap=tool.result_byte_cap)
+    return ToolCallOutcome(
+        call=call,
+        content=rendered.text,
+        arguments=arguments,
+        result=outcome.content,
+        truncated=rendered.truncated,
+        result_bytes=rendered.full_bytes,
+        knowledge=outcome.knowledge,
+    )
