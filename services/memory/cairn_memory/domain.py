@@ -1,0 +1,580 @@
+"""What the memory service holds and the rules that decide what may be kept.
+
+Plain dataclasses and pure functions: no I/O, no proto, no clock reads. Every
+decision a request needs (is this one sentence, who wrote it, when does it
+expire, which recall mode answers, which block an id names) is made here from
+values, so each rule is tested without a database.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import unicodedata
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Final
+
+from cairn_libs.identity import CallIdentity
+from cairn_memory.errors import NotOneSentence, RefusedInput, SecretInText
+from cairn_memory.screening import secret_kind, sentence_count
+
+MAX_TEXT_CHARS: Final = 300
+MAX_SOURCE_REF_CHARS: Final = 1024
+MAX_SUPERSEDES: Final = 20
+MAX_TAGS: Final = 20
+MAX_TAG_CHARS: Final = 64
+MAX_SUBJECT_ID_CHARS: Final = 256
+DEFAULT_IMPORTANCE: Final = 2
+DEFAULT_RECALL_K: Final = 5
+MAX_RECALL_K: Final = 50
+MAX_QUERY_CHARS: Final = 2000
+MAX_FACT_VALUE_CHARS: Final = 300
+DEFAULT_BLOCK_LIMIT: Final = 5
+MAX_BLOCK_LIMIT: Final = 20
+MAX_BLOCK_LABEL_CHARS: Final = 200
+MAX_BLOCK_ROLE_CHARS: Final = 32
+MAX_BLOCK_CONTENT_BYTES: Final = 512 * 1024
+MAX_CONVERSATION_ID_CHARS: Final = 256
+DEFAULT_TTL: Final = timedelta(days=90)
+
+_FACT_KEY = re.compile(r"[a-z][a-z0-9_]{0,63}")
+_BLOCK_ID = re.compile(r"[rR]?([0-9]{1,18})", re.ASCII)
+
+
+class SubjectKind(enum.Enum):
+    WORKSPACE = "WORKSPACE"
+    USER = "USER"
+    CANDIDATE = "CANDIDATE"
+    EMPLOYEE = "EMPLOYEE"
+    CUSTOMER = "CUSTOMER"
+
+    @property
+    def is_person(self) -> bool:
+        return self is not SubjectKind.WORKSPACE
+
+
+class ClaimType(enum.Enum):
+    UNKNOWN = "UNKNOWN"
+    USER_STATEMENT = "USER_STATEMENT"
+    INFERENCE = "INFERENCE"
+
+
+class AuthorKind(enum.Enum):
+    MODEL = "MODEL"
+    PERSON = "PERSON"
+
+
+class MemoryState(enum.Enum):
+    ACTIVE = "ACTIVE"
+    SUPERSEDED = "SUPERSEDED"
+    EXPIRED = "EXPIRED"
+    ERASED = "ERASED"
+
+
+class RecallMode(enum.Enum):
+    SEMANTIC = "SEMANTIC"
+    NEWEST_FIRST = "NEWEST_FIRST"
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """Whom (or what) a memory is about; `id` is empty only for WORKSPACE."""
+
+    kind: SubjectKind
+    id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Author:
+    """Who wrote something, as the verified call says: never from a request body."""
+
+    kind: AuthorKind
+    id: str
+    run_id: str = ""
+    on_behalf_of: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RememberDraft:
+    """A Remember request as the caller sent it, before any rule is applied."""
+
+    text: str
+    subject_kind: SubjectKind | None
+    subject_id: str
+    tags: Sequence[str] = ()
+    importance: int = 0
+    claim_type: ClaimType | None = None
+    event_at: datetime | None = None
+    valid_from: datetime | None = None
+    valid_until: datetime | None = None
+    source_ref: str = ""
+    supersedes: Sequence[str] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NewMemory:
+    """A memory that passed every rule and is ready to be stored."""
+
+    memory_id: str
+    text: str
+    subject: Subject
+    tags: tuple[str, ...]
+    importance: int
+    claim_type: ClaimType
+    event_at: datetime | None
+    valid_from: datetime | None
+    valid_until: datetime | None
+    source_ref: str
+    supersedes: tuple[str, ...]
+    author: Author
+    created_at: datetime
+    expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """A memory as held, with its provenance. `text` is empty once erased, and
+    also when it is sealed and this deployment holds no key (`readable` False)."""
+
+    memory_id: str
+    subject: Subject
+    text: str
+    tags: tuple[str, ...]
+    importance: int
+    claim_type: ClaimType
+    event_at: datetime | None
+    valid_from: datetime | None
+    valid_until: datetime | None
+    author: Author
+    created_at: datetime
+    expires_at: datetime
+    superseded_by: str
+    source_ref: str
+    state: MemoryState
+    readable: bool = True
+    score: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class FactVersion:
+    value: str
+    author: Author
+    created_at: datetime
+    expires_at: datetime
+    readable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileFact:
+    """A stable keyed fact: its current value (None once expired) and earlier ones, newest first."""
+
+    subject: Subject
+    fact_key: str
+    current: FactVersion | None
+    history: tuple[FactVersion, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileUpdate:
+    subject: Subject
+    fact_key: str
+    value: str
+    previous_value: str | None
+    author: Author
+    created_at: datetime
+    expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Erasure:
+    """The record that a subject's memories and facts were erased."""
+
+    subject: Subject
+    erased_by: str
+    erased_at: datetime
+    memories_erased: int
+    facts_erased: int
+
+
+@dataclass(frozen=True, slots=True)
+class HeldAbout:
+    """Everything held about one subject (subject access)."""
+
+    memories: tuple[Memory, ...]
+    profile: tuple[ProfileFact, ...]
+    erasures: tuple[Erasure, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RecallQuery:
+    query: str
+    subject: Subject | None
+    k: int
+    include_profile: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Recalled:
+    memories: tuple[Memory, ...]
+    mode: RecallMode
+    mode_reason: str
+    profile: tuple[ProfileFact, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BlockDraft:
+    label: str
+    role: str
+    content: str
+    conversation_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    number: int
+    label: str
+    role: str
+    content: str
+    conversation_id: str
+    created_at: datetime
+    readable: bool = True
+
+    @property
+    def block_id(self) -> str:
+        return format_block_id(self.number)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockSearch:
+    query: str
+    limit: int
+    conversation_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeCounts:
+    memories: int
+    fact_versions: int
+
+
+# --- who wrote it ----------------------------------------------------------------
+
+
+def author_of(identity: CallIdentity) -> Author:
+    """The author is the verified call: an acting service with a run makes it a
+    model's memory in that run; a person calling directly makes it theirs (I9)."""
+    actor = identity.actor
+    if actor is not None:
+        return Author(
+            kind=AuthorKind.MODEL,
+            id=actor.agent or actor.service,
+            run_id=actor.run_id,
+            on_behalf_of=identity.principal.user_id,
+        )
+    return Author(kind=AuthorKind.PERSON, id=identity.principal.user_id)
+
+
+# --- what may be kept -------------------------------------------------------------
+
+
+def subject_from(
+    kind: SubjectKind | None, subject_id: str, *, field_name: str = "subject"
+) -> Subject:
+    """A subject names its kind; a person kind names whom, refused at the door otherwise."""
+    if kind is None:
+        raise RefusedInput(
+            f"{field_name}.kind is required: one of {', '.join(k.value for k in SubjectKind)}"
+        )
+    subject_id = subject_id.strip()
+    if kind.is_person and not subject_id:
+        raise RefusedInput(
+            f"{field_name}.id is required for a {kind.value} subject: "
+            "a personal memory must name whom it is about"
+        )
+    if not kind.is_person and subject_id:
+        raise RefusedInput(
+            f"{field_name}.id must be empty for a WORKSPACE subject, got {subject_id!r}"
+        )
+    if len(subject_id) > MAX_SUBJECT_ID_CHARS:
+        raise RefusedInput(
+            f"{field_name}.id is {len(subject_id)} characters; at most {MAX_SUBJECT_ID_CHARS}"
+        )
+    return Subject(kind=kind, id=subject_id)
+
+
+def refuse_secret(value: str, *, field_name: str) -> None:
+    kind = secret_kind(value)
+    if kind is not None:
+        raise SecretInText(
+            f"{field_name} looks like it contains {kind}; secrets are never kept in memory. "
+            "Remove it and send the text again"
+        )
+
+
+def checked_sentence(text: str) -> str:
+    """The memory text, stripped, if it is one sentence of at most 300 characters."""
+    text = text.strip()
+    if not text:
+        raise NotOneSentence("text is empty; a memory is one sentence")
+    if len(text) > MAX_TEXT_CHARS:
+        raise NotOneSentence(
+            f"text is {len(text)} characters; a memory is one sentence of at most "
+            f"{MAX_TEXT_CHARS} characters"
+        )
+    if "\n" in text or "\r" in text:
+        raise NotOneSentence("text spans several lines; a memory is one sentence on one line")
+    sentences = sentence_count(text)
+    if sentences > 1:
+        raise NotOneSentence(
+            f"text holds {sentences} sentences; a memory is one sentence, so send each as its own memory"
+        )
+    return text
+
+
+def _checked_tags(tags: Sequence[str]) -> tuple[str, ...]:
+    kept: list[str] = []
+    for index, raw in enumerate(tags):
+        tag = raw.strip()
+        if not tag:
+            raise RefusedInput(f"tags[{index}] is empty; a tag is 1-{MAX_TAG_CHARS} characters")
+        if len(tag) > MAX_TAG_CHARS:
+            raise RefusedInput(
+                f"tags[{index}] is {len(tag)} characters; a tag is 1-{MAX_TAG_CHARS} characters"
+            )
+        refuse_secret(tag, field_name=f"tags[{index}]")
+        if tag not in kept:
+            kept.append(tag)
+    if len(kept) > MAX_TAGS:
+        raise RefusedInput(f"{len(kept)} tags given; at most {MAX_TAGS}")
+    return tuple(kept)
+
+
+def _checked_supersedes(ids: Sequence[str]) -> tuple[str, ...]:
+    if len(ids) > MAX_SUPERSEDES:
+        raise RefusedInput(
+            f"supersedes names {len(ids)} memories; at most {MAX_SUPERSEDES} per call"
+        )
+    kept: list[str] = []
+    for index, raw in enumerate(ids):
+        try:
+            memory_id = str(uuid.UUID(raw.strip()))
+        except ValueError:
+            raise RefusedInput(
+                f"supersedes[{index}] = {raw!r} is not a memory id (a UUID as Remember returns)"
+            ) from None
+        if memory_id not in kept:
+            kept.append(memory_id)
+    return tuple(kept)
+
+
+def new_memory(
+    draft: RememberDraft, *, author: Author, now: datetime, ttl: timedelta, memory_id: str
+) -> NewMemory:
+    """Apply every Remember rule; raise the first refusal, naming the field."""
+    subject = subject_from(draft.subject_kind, draft.subject_id)
+    text = checked_sentence(draft.text)
+    refuse_secret(text, field_name="text")
+    if draft.importance == 0:
+        importance = DEFAULT_IMPORTANCE
+    elif 1 <= draft.importance <= 5:
+        importance = draft.importance
+    else:
+        raise RefusedInput(
+            f"importance {draft.importance!r} is out of range; use 1-5 (0 means the default of 2)"
+        )
+    if (
+        draft.valid_from is not None
+        and draft.valid_until is not None
+        and draft.valid_until <= draft.valid_from
+    ):
+        raise RefusedInput(
+            f"valid_until {draft.valid_until.isoformat()!r} is not after valid_from "
+            f"{draft.valid_from.isoformat()!r}; a validity window must end after it starts"
+        )
+    for name, moment in (
+        ("event_at", draft.event_at),
+        ("valid_from", draft.valid_from),
+        ("valid_until", draft.valid_until),
+    ):
+        if moment is not None and moment.tzinfo is None:
+            raise RefusedInput(
+                f"{name} {moment.isoformat()!r} has no time zone; give one explicitly"
+            )
+    source_ref = draft.source_ref.strip()
+    if len(source_ref) > MAX_SOURCE_REF_CHARS:
+        raise RefusedInput(
+            f"source_ref is {len(source_ref)} characters; at most {MAX_SOURCE_REF_CHARS}"
+        )
+    if source_ref:
+        refuse_secret(source_ref, field_name="source_ref")
+    return NewMemory(
+        memory_id=memory_id,
+        text=text,
+        subject=subject,
+        tags=_checked_tags(draft.tags),
+        importance=importance,
+        claim_type=draft.claim_type or ClaimType.UNKNOWN,
+        event_at=draft.event_at,
+        valid_from=draft.valid_from,
+        valid_until=draft.valid_until,
+        source_ref=source_ref,
+        supersedes=_checked_supersedes(draft.supersedes),
+        author=author,
+        created_at=now,
+        expires_at=now + ttl,
+    )
+
+
+def normalised_text(text: str) -> str:
+    """The form two texts are compared in for "the same text about the same subject":
+    Unicode-normalised, whitespace collapsed, case folded."""
+    return " ".join(unicodedata.normalize("NFKC", text).split()).casefold()
+
+
+def effective_state(stored: MemoryState, *, expires_at: datetime, now: datetime) -> MemoryState:
+    """A stored ACTIVE memory past its expiry reads as EXPIRED until the purge removes it."""
+    if stored is MemoryState.ACTIVE and expires_at <= now:
+        return MemoryState.EXPIRED
+    return stored
+
+
+# --- profile facts ----------------------------------------------------------------
+
+
+def profile_update(
+    *,
+    subject: Subject,
+    fact_key: str,
+    value: str,
+    previous_value: str | None,
+    author: Author,
+    now: datetime,
+    ttl: timedelta,
+) -> ProfileUpdate:
+    key = fact_key.strip()
+    if not _FACT_KEY.fullmatch(key):
+        raise RefusedInput(
+            f"fact_key {fact_key!r} is not a fact key; use lower-case letters, digits and "
+            "underscores, starting with a letter, at most 64 characters (e.g. 'coffee_preference')"
+        )
+    value = value.strip()
+    if not value:
+        raise RefusedInput("value is empty; a profile fact needs a value")
+    if len(value) > MAX_FACT_VALUE_CHARS:
+        raise RefusedInput(f"value is {len(value)} characters; at most {MAX_FACT_VALUE_CHARS}")
+    if "\n" in value or "\r" in value:
+        raise RefusedInput("value spans several lines; a profile fact is one line")
+    refuse_secret(value, field_name="value")
+    return ProfileUpdate(
+        subject=subject,
+        fact_key=key,
+        value=value,
+        previous_value=previous_value.strip() if previous_value is not None else None,
+        author=author,
+        created_at=now,
+        expires_at=now + ttl,
+    )
+
+
+# --- recall -----------------------------------------------------------------------
+
+NO_EMBEDDER_REASON: Final = "no embedder is configured; memories are listed newest first"
+NO_QUERY_REASON: Final = "no query was given; memories are listed newest first"
+SEMANTIC_REASON: Final = "memories are ranked by similarity of meaning to the query"
+
+
+def recall_query(
+    *, query: str, subject: Subject | None, k: int, include_profile: bool
+) -> RecallQuery:
+    if k < 0 or k > MAX_RECALL_K:
+        raise RefusedInput(
+            f"k {k!r} is out of range; use 1-{MAX_RECALL_K} (0 means the default of {DEFAULT_RECALL_K})"
+        )
+    if len(query) > MAX_QUERY_CHARS:
+        raise RefusedInput(f"query is {len(query)} characters; at most {MAX_QUERY_CHARS}")
+    if include_profile and subject is None:
+        raise RefusedInput(
+            "include_profile needs a subject: a profile belongs to one subject, so name it"
+        )
+    return RecallQuery(
+        query=query.strip(),
+        subject=subject,
+        k=k or DEFAULT_RECALL_K,
+        include_profile=include_profile,
+    )
+
+
+def recall_mode(*, has_embedder: bool, query: str) -> tuple[RecallMode, str]:
+    """SEMANTIC needs both an embedder and a query; otherwise newest first, saying why (I11)."""
+    if not has_embedder:
+        return RecallMode.NEWEST_FIRST, NO_EMBEDDER_REASON
+    if not query.strip():
+        return RecallMode.NEWEST_FIRST, NO_QUERY_REASON
+    return RecallMode.SEMANTIC, SEMANTIC_REASON
+
+
+# --- the archive ------------------------------------------------------------------
+
+
+def format_block_id(number: int) -> str:
+    return f"r{number}"
+
+
+def parse_block_id(raw: str) -> int | None:
+    """The block number `raw` names ("r7", "R7 ", "7" all name 7), or None."""
+    match = _BLOCK_ID.fullmatch(raw.strip())
+    if match is None:
+        return None
+    number = int(match.group(1))
+    return number if number >= 1 else None
+
+
+def block_number(raw: str) -> int:
+    number = parse_block_id(raw)
+    if number is None:
+        raise RefusedInput(f"block_id {raw!r} is not a block id; use the form r<N>, e.g. 'r7'")
+    return number
+
+
+def block_draft(*, label: str, role: str, content: str, conversation_id: str) -> BlockDraft:
+    label = label.strip()
+    role = role.strip()
+    conversation_id = conversation_id.strip()
+    if not conversation_id:
+        raise RefusedInput("conversation_id is required: a block belongs to one conversation")
+    if len(conversation_id) > MAX_CONVERSATION_ID_CHARS:
+        raise RefusedInput(
+            f"conversation_id is {len(conversation_id)} characters; at most {MAX_CONVERSATION_ID_CHARS}"
+        )
+    if not label:
+        raise RefusedInput("label is required: a short title the block can be found by")
+    if len(label) > MAX_BLOCK_LABEL_CHARS:
+        raise RefusedInput(f"label is {len(label)} characters; at most {MAX_BLOCK_LABEL_CHARS}")
+    if len(role) > MAX_BLOCK_ROLE_CHARS:
+        raise RefusedInput(f"role {role!r} is longer than {MAX_BLOCK_ROLE_CHARS} characters")
+    if not content.strip():
+        raise RefusedInput("content is empty; archive the block's verbatim text")
+    size = len(content.encode())
+    if size > MAX_BLOCK_CONTENT_BYTES:
+        raise RefusedInput(f"content is {size} bytes; at most {MAX_BLOCK_CONTENT_BYTES}")
+    return BlockDraft(label=label, role=role, content=content, conversation_id=conversation_id)
+
+
+def block_search(*, query: str, limit: int, conversation_id: str) -> BlockSearch:
+    if limit < 0 or limit > MAX_BLOCK_LIMIT:
+        raise RefusedInput(
+            f"limit {limit!r} is out of range; use 1-{MAX_BLOCK_LIMIT} (0 means the default of {DEFAULT_BLOCK_LIMIT})"
+        )
+    query = query.strip()
+    if not query:
+        raise RefusedInput("query is empty; give the words to search the archive for")
+    if len(query) > MAX_QUERY_CHARS:
+        raise RefusedInput(f"query is {len(query)} characters; at most {MAX_QUERY_CHARS}")
+    return BlockSearch(
+        query=query,
+        limit=limit or DEFAULT_BLOCK_LIMIT,
+        conversation_id=conversation_id.strip() or None,
+    )
