@@ -40,8 +40,8 @@ def database_url() -> str:
 
 
 def vector_literal(values: Sequence[float]) -> str:
-    """pgvector's text form; sent as text and cast with ::vector in SQL."""
-    return "[" + ",".join(f"{v:.7g}" for v in values) + "]"
+    """pgvector's text form (9 significant digits: float32 round-trips exactly); sent as text and cast with ::vector in SQL."""
+    return "[" + ",".join(f"{v:.9g}" for v in values) + "]"
 
 
 class Database:

@@ -87,6 +87,18 @@ class Subject:
     id: str = ""
 
 
+SUBJECT_ACCESS_ROLES = frozenset({"admin", "privacy_officer"})
+
+
+def may_handle_subject_records(subject: Subject, *, user_id: str, roles: tuple[str, ...]) -> bool:
+    """Who may list (Held) or erase (Forget) everything about a subject: an org admin
+    or privacy officer, or the person themselves for their own USER subject. Anyone
+    else would learn what the company holds about a colleague or a candidate."""
+    if SUBJECT_ACCESS_ROLES.intersection(roles):
+        return True
+    return subject.kind is SubjectKind.USER and subject.id == user_id
+
+
 @dataclass(frozen=True, slots=True)
 class Author:
     """Who wrote something, as the verified call says: never from a request body."""

@@ -37,6 +37,7 @@ from cairn_memory.domain import (
     author_of,
     block_number,
     format_block_id,
+    may_handle_subject_records,
     new_memory,
     profile_update,
     recall_mode,
@@ -139,12 +140,14 @@ class MemoryKeeper:
         )
 
     async def held(self, subject: Subject, principal: Principal) -> HeldAbout:
+        _require_subject_access(subject, principal)
         with tracer.start_as_current_span("memory.held"):
             return await self._store.held(
                 org_id=principal.org_id, subject=subject, now=self._clock.now()
             )
 
     async def forget(self, subject: Subject, principal: Principal) -> Erasure:
+        _require_subject_access(subject, principal)
         with tracer.start_as_current_span("memory.forget"):
             erasure = await self._store.forget(
                 org_id=principal.org_id,
@@ -234,3 +237,8 @@ class MemoryKeeper:
             )
         log.info("memory.embeddings_backfilled", count=len(pending))
         return len(pending)
+
+
+def _require_subject_access(subject: Subject, principal: Principal) -> None:
+    if not may_handle_subject_records(subject, user_id=principal.user_id, roles=principal.roles):
+        raise Denied()

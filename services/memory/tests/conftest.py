@@ -92,10 +92,17 @@ def client_factory(channel: grpc.Channel, issuer: TokenIssuer, default_org: str)
     stub = memory_pb2_grpc.MemoryServiceStub(channel)
 
     def make(
-        user_id: str = "alice", *, org_id: str | None = None, run_id: str = "", agent: str = ""
+        user_id: str = "alice",
+        *,
+        org_id: str | None = None,
+        run_id: str = "",
+        agent: str = "",
+        roles: tuple[str, ...] = ("privacy_officer",),
     ) -> MemoryClient:
+        # By default a test caller may also list and erase subjects (Held/Forget);
+        # tests of that rule pass roles=().
         org = org_id or default_org
-        token = issuer.caller_token(org_id=org, user_id=user_id)
+        token = issuer.caller_token(org_id=org, user_id=user_id, roles=list(roles))
         actor = (
             issuer.actor_token(service="orchestrator", run_id=run_id, agent=agent) if run_id else ""
         )

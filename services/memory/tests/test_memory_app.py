@@ -57,7 +57,9 @@ async def test_the_purge_runs_inside_the_service_from_start_until_stop(
         Database(url=pg_url, schema=isolated_schema, migrations=migrations()), clock, interval=0.05
     )
     assert await app.ready()
-    alice = CallIdentity(principal=Principal(org_id=new_org, user_id="alice"))
+    alice = CallIdentity(
+        principal=Principal(org_id=new_org, user_id="alice", roles=("privacy_officer",))
+    )
     memory, _ = await app.keeper.remember(
         RememberDraft(text="Short-lived note.", subject_kind=SubjectKind.WORKSPACE, subject_id=""),
         alice,
@@ -80,7 +82,9 @@ async def test_memories_kept_without_an_embedder_become_semantically_recallable(
     store = PostgresStore(isolated_database, vault=PlainVault())
     without = MemoryKeeper(store=store, embedder=None, clock=clock)
     with_embedder = MemoryKeeper(store=store, embedder=local_embedder, clock=clock)
-    alice = CallIdentity(principal=Principal(org_id=new_org, user_id="alice"))
+    alice = CallIdentity(
+        principal=Principal(org_id=new_org, user_id="alice", roles=("privacy_officer",))
+    )
     await without.remember(
         RememberDraft(
             text="The team loves hiking in the mountains.",

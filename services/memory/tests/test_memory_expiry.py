@@ -40,7 +40,9 @@ def keeper(isolated_database: Database, clock: FakeClock) -> MemoryKeeper:
 
 @pytest.fixture
 def alice(new_org: str) -> CallIdentity:
-    return CallIdentity(principal=Principal(org_id=new_org, user_id="alice"))
+    return CallIdentity(
+        principal=Principal(org_id=new_org, user_id="alice", roles=("privacy_officer",))
+    )
 
 
 def draft(text: str, **fields: object) -> RememberDraft:

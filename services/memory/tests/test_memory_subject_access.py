@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from cairn.memory.v1 import memory_pb2
+from cairn_libs.errors import DENIAL_MESSAGE
 
 if TYPE_CHECKING:
     from conftest import ClientFactory
@@ -162,3 +163,28 @@ def test_held_and_forget_need_a_named_subject(client: ClientFactory) -> None:
         with pytest.raises(grpc.RpcError) as info:
             call(candidate(""))
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_colleague_without_a_privacy_role_cannot_list_or_erase_a_subject(
+    client: ClientFactory,
+) -> None:
+    subject = memory_pb2.Subject(kind=memory_pb2.SUBJECT_KIND_CANDIDATE, id="cand-77")
+    client("recruiter").remember("The candidate prefers morning interviews.", subject)
+    colleague = client("bob", roles=())
+    for call in (colleague.held, colleague.forget):
+        with pytest.raises(grpc.RpcError) as caught:
+            call(subject)
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert caught.value.details() == DENIAL_MESSAGE
+    assert len(client("dpo").held(subject).memories) == 1
+
+
+def test_a_person_may_list_what_is_held_about_themselves(client: ClientFactory) -> None:
+    own = memory_pb2.Subject(kind=memory_pb2.SUBJECT_KIND_USER, id="carol")
+    client("dpo").remember("Carol leads the Berlin office move.", own)
+    assert [m.text for m in client("carol", roles=()).held(own).memories] == [
+        "Carol leads the Berlin office move."
+    ]
+    with pytest.raises(grpc.RpcError) as caught:
+        client("dave", roles=()).held(own)
+    assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED

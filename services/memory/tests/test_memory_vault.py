@@ -35,7 +35,9 @@ def draft(text: str) -> RememberDraft:
 
 @pytest.fixture
 def alice(new_org: str) -> CallIdentity:
-    return CallIdentity(principal=Principal(org_id=new_org, user_id="alice"))
+    return CallIdentity(
+        principal=Principal(org_id=new_org, user_id="alice", roles=("privacy_officer",))
+    )
 
 
 def test_sealed_text_opens_with_the_key_for_its_own_org_only() -> None:

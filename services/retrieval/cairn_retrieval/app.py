@@ -1,0 +1,104 @@
+"""The retrieval service as the bootstrap sees it: its servicer, its readiness,
+and the wiring from environment variables to adapters.
+
+Readiness: SERVING when PostgreSQL is reachable and migrated. Qdrant being
+unreachable does not make the service NOT_SERVING: every search can still be
+answered from BM25, and each such answer says it is keyword-only and why (I11).
+The readiness loop probes Qdrant too (creating the collection if missing) and
+logs when its state changes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+import structlog
+
+from cairn.retrieval.v1 import retrieval_pb2_grpc
+from cairn_libs.db import Database, database_url, load_migrations
+from cairn_libs.embedding import LOCAL_DIMENSIONS, Embedder, embedder_from_env
+from cairn_libs.stack import REPO_ROOT
+from cairn_retrieval.ingest import Ingestor
+from cairn_retrieval.postgres import ChunkStore
+from cairn_retrieval.search import Searcher
+from cairn_retrieval.servicer import SERVICE_NAME, RetrievalServicer
+from cairn_retrieval.vectors import QdrantVectorStore, VectorStore
+
+log = structlog.get_logger(__name__)
+
+SCHEMA = "retrieval"
+DEFAULT_COLLECTION = "cairn_chunks"
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+class RetrievalApp:
+    name = "retrieval"
+
+    def __init__(
+        self, *, database: Database, vectors: VectorStore, embedder: Embedder | None
+    ) -> None:
+        self._database = database
+        self._vectors = vectors
+        self._embedder = embedder
+        chunks = ChunkStore(database)
+        self._servicer = RetrievalServicer(
+            ingestor=Ingestor(chunks=chunks, vectors=vectors, embedder=embedder),
+            searcher=Searcher(chunks=chunks, vectors=vectors, embedder=embedder),
+        )
+        self._vector_store_ok: bool | None = None
+
+    def register(self, server: grpc.aio.Server) -> Sequence[str]:
+        retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(self._servicer, server)
+        return [SERVICE_NAME]
+
+    async def start(self) -> None:
+        log.info(
+            "retrieval.config",
+            embedder=self._embedder.model_id if self._embedder is not None else "none",
+        )
+
+    async def ready(self) -> bool:
+        database_ok = await self._database.ready()
+        vector_store_ok = await self._vectors.probe()
+        if vector_store_ok != self._vector_store_ok:
+            if vector_store_ok:
+                log.info("retrieval.vector_store_ready")
+            else:
+                log.warning("retrieval.vector_store_unreachable", serving="keyword-only")
+            self._vector_store_ok = vector_store_ok
+        return database_ok
+
+    async def stop(self) -> None:
+        await self._vectors.close()
+        await self._database.close()
+
+
+def vector_store_from_env(*, dimensions: int) -> QdrantVectorStore:
+    collection = os.environ.get("CAIRN_QDRANT_COLLECTION", DEFAULT_COLLECTION)
+    url = os.environ.get("QDRANT_URL", "").strip()
+    if url:
+        return QdrantVectorStore(
+            collection=collection,
+            dimensions=dimensions,
+            url=url,
+            api_key=os.environ.get("QDRANT_API_KEY") or None,
+            timeout_seconds=int(os.environ.get("CAIRN_QDRANT_TIMEOUT_SECONDS", "5")),
+        )
+    path = Path(os.environ.get("CAIRN_QDRANT_PATH", str(REPO_ROOT / "state" / "qdrant")))
+    path.mkdir(parents=True, exist_ok=True)
+    return QdrantVectorStore(collection=collection, dimensions=dimensions, path=str(path))
+
+
+def app_from_env() -> RetrievalApp:
+    embedder = embedder_from_env()
+    dimensions = embedder.dimensions if embedder is not None else LOCAL_DIMENSIONS
+    return RetrievalApp(
+        database=Database(
+            url=database_url(), schema=SCHEMA, migrations=load_migrations(MIGRATIONS)
+        ),
+        vectors=vector_store_from_env(dimensions=dimensions),
+        embedder=embedder,
+    )

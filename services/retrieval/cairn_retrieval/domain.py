@@ -1,0 +1,417 @@
+"""What retrieval decides, in plain data and pure functions: which documents are
+acceptable, what a document's chunks and identity are, how many candidates a
+search draws, how two ranked lists fuse, and which mode a search is in.
+
+Nothing here does I/O, so every decision can be tested without a database, a
+vector store or a model.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import re
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cairn_libs.acl import acl_keys
+from cairn_libs.identity import Principal
+from cairn_retrieval.chunking import chunk_text
+from cairn_retrieval.errors import BadDocument, BadSearch
+from cairn_retrieval.tokens import term_frequencies
+
+# Who may write a corpus, delete from it and read its counts.
+MANAGER_ROLES = frozenset({"ingester", "admin"})
+
+DEFAULT_K = 4
+MAX_K = 50
+RRF_K = 60
+BM25_K1 = 1.2
+BM25_B = 0.75
+MIN_CANDIDATE_POOL = 20
+CANDIDATES_PER_RESULT = 5
+
+MAX_DOCUMENTS_PER_REQUEST = 1000
+MAX_TEXT_CHARS = 2_000_000
+MAX_TITLE_CHARS = 1000
+MAX_QUERY_CHARS = 4000
+MAX_ACL_ENTRIES = 1000
+
+# '#' is kept out of document ids because chunk ids are `<document_id>#...`.
+DOCUMENT_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+=-]{0,199}")
+SOURCE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+ACL_NAME_PATTERN = re.compile(r"[^\s\x00-\x1f]{1,200}")
+
+_POINT_NAMESPACE = uuid.UUID("6f1c1e1a-3a4e-5c2b-9d7e-c0a1b2c3d4e5")
+
+NO_EMBEDDER_REASON = "no embedder is configured; these results are keyword-only"
+VECTOR_STORE_UNREACHABLE_REASON = "the vector store is unreachable; these results are keyword-only"
+EMBEDDER_FAILED_REASON = "the embedder failed on this query; these results are keyword-only"
+NO_QUERY_TERMS_REASON = (
+    "the query has no searchable words once common words are removed; these results are dense-only"
+)
+
+
+class Outcome(enum.Enum):
+    INGESTED = "ingested"
+    UNCHANGED = "unchanged"
+    REPLACED = "replaced"
+    FAILED = "failed"
+
+
+class SearchMode(enum.Enum):
+    HYBRID = "hybrid"
+    KEYWORD_ONLY = "keyword_only"
+    DENSE_ONLY = "dense_only"
+
+
+class DenseStatus(enum.Enum):
+    """What the dense half of one search could do."""
+
+    AVAILABLE = "available"
+    NO_EMBEDDER = "no_embedder"
+    VECTOR_STORE_UNREACHABLE = "vector_store_unreachable"
+    EMBEDDER_FAILED = "embedder_failed"
+
+
+# ---------------------------------------------------------------- ingest
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentAcl:
+    users: tuple[str, ...] = ()
+    roles: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+
+    def keys(self) -> list[str]:
+        return acl_keys(users=self.users, roles=self.roles, groups=self.groups)
+
+
+@dataclass(frozen=True, slots=True)
+class IncomingDocument:
+    document_id: str
+    source: str
+    title: str
+    text: str
+    acl: DocumentAcl = DocumentAcl()
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentResult:
+    document_id: str
+    outcome: Outcome
+    chunks: int = 0
+    embedded_chunks: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class IngestProgress:
+    documents_total: int
+    documents_done: int
+    chunks_written: int
+    result: DocumentResult
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedChunk:
+    chunk_id: str
+    ordinal: int
+    char_start: int
+    char_end: int
+    text: str
+    term_frequencies: Mapping[str, int]
+
+    @property
+    def length(self) -> int:
+        """Document length for BM25: the number of terms, repeats counted."""
+        return sum(self.term_frequencies.values())
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDocument:
+    """A validated document with its identity and chunks, ready to be written."""
+
+    org_id: str
+    document: IncomingDocument
+    content_hash: str
+    acl_keys: tuple[str, ...]
+    chunks: tuple[PreparedChunk, ...]
+
+
+def may_manage(principal: Principal) -> bool:
+    return any(principal.has_role(role) for role in MANAGER_ROLES)
+
+
+def check_batch_size(count: int) -> None:
+    if count > MAX_DOCUMENTS_PER_REQUEST:
+        raise BadDocument(
+            f"a request carries {count!r} documents; send at most "
+            f"{MAX_DOCUMENTS_PER_REQUEST} per request"
+        )
+
+
+def validate_document(doc: IncomingDocument) -> None:
+    """Raise BadDocument naming the first bad field and what would be accepted."""
+    if not doc.document_id:
+        raise BadDocument("document_id is empty; give each document a stable id")
+    if not DOCUMENT_ID_PATTERN.fullmatch(doc.document_id):
+        raise BadDocument(
+            f"document_id {doc.document_id!r} is not accepted; use 1-200 characters of "
+            "letters, digits and . _ : / @ + = -, starting with a letter or digit"
+        )
+    if not doc.source:
+        raise BadDocument(f"document {doc.document_id!r} has no source; name its corpus")
+    if not SOURCE_PATTERN.fullmatch(doc.source):
+        raise BadDocument(
+            f"source {doc.source!r} is not accepted; use 1-64 characters of letters, "
+            "digits and . _ -, starting with a letter or digit"
+        )
+    if not doc.text.strip():
+        raise BadDocument(f"document {doc.document_id!r} has no text; send its content")
+    if len(doc.text) > MAX_TEXT_CHARS:
+        raise BadDocument(
+            f"document {doc.document_id!r} has {len(doc.text)!r} characters of text; "
+            f"at most {MAX_TEXT_CHARS} are accepted, split it into several documents"
+        )
+    if "\x00" in doc.text or "\x00" in doc.title:
+        raise BadDocument(
+            f"document {doc.document_id!r} contains a NUL character; send text without it"
+        )
+    if len(doc.title) > MAX_TITLE_CHARS:
+        raise BadDocument(
+            f"document {doc.document_id!r} has a title of {len(doc.title)!r} characters; "
+            f"at most {MAX_TITLE_CHARS} are accepted"
+        )
+    names = [*doc.acl.users, *doc.acl.roles, *doc.acl.groups]
+    if len(names) > MAX_ACL_ENTRIES:
+        raise BadDocument(
+            f"document {doc.document_id!r} has {len(names)!r} ACL entries; "
+            f"at most {MAX_ACL_ENTRIES} are accepted, use a group"
+        )
+    for name in names:
+        if not ACL_NAME_PATTERN.fullmatch(name):
+            raise BadDocument(
+                f"ACL entry {name!r} of document {doc.document_id!r} is not accepted; "
+                "use 1-200 characters without spaces or control characters"
+            )
+
+
+def content_hash(doc: IncomingDocument) -> str:
+    """Everything that changes what is stored for a document; equal hashes mean
+    re-ingesting would write nothing new."""
+    canonical = json.dumps(
+        {
+            "source": doc.source,
+            "title": doc.title,
+            "text": doc.text,
+            "acl": doc.acl.keys(),
+            "metadata": doc.metadata,
+        },
+        sort_keys=True,
+        ensure_ascii=False,
+        separators=(",", ":"),
+        default=str,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def chunk_id_for(document_id: str, content_hash: str, ordinal: int) -> str:
+    """Chunk ids carry the content version, so a replacement's chunks never collide
+    with the ones they replace and the swap can be one transaction."""
+    return f"{document_id}#{content_hash[:12]}-{ordinal:05d}"
+
+
+def point_id(org_id: str, chunk_id: str) -> str:
+    """The Qdrant point id of a chunk: stable, and distinct across orgs."""
+    return str(uuid.uuid5(_POINT_NAMESPACE, f"{org_id}\x1f{chunk_id}"))
+
+
+def prepare_document(org_id: str, doc: IncomingDocument) -> PreparedDocument:
+    validate_document(doc)
+    digest = content_hash(doc)
+    chunks = tuple(
+        PreparedChunk(
+            chunk_id=chunk_id_for(doc.document_id, digest, span.ordinal),
+            ordinal=span.ordinal,
+            char_start=span.char_start,
+            char_end=span.char_end,
+            text=doc.text[span.char_start : span.char_end],
+            term_frequencies=dict(term_frequencies(doc.text[span.char_start : span.char_end])),
+        )
+        for span in chunk_text(doc.text)
+    )
+    return PreparedDocument(
+        org_id=org_id,
+        document=doc,
+        content_hash=digest,
+        acl_keys=tuple(doc.acl.keys()),
+        chunks=chunks,
+    )
+
+
+# ---------------------------------------------------------------- search
+
+
+@dataclass(frozen=True, slots=True)
+class RankedHit:
+    chunk_id: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class FusedHit:
+    chunk_id: str
+    fused_score: float
+    keyword_rank: int
+    dense_rank: int
+    bm25_score: float
+    dense_score: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRecord:
+    chunk_id: str
+    document_id: str
+    source: str
+    title: str
+    char_start: int
+    char_end: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    chunk: ChunkRecord
+    bm25_score: float
+    dense_score: float
+    fused_score: float
+    keyword_rank: int
+    dense_rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class SearchOutcome:
+    results: tuple[SearchHit, ...]
+    mode: SearchMode
+    mode_reason: str
+
+
+def resolve_k(k: int) -> int:
+    if k == 0:
+        return DEFAULT_K
+    if not 1 <= k <= MAX_K:
+        raise BadSearch(
+            f"k={k!r} is out of range; ask for 1 to {MAX_K} results, or 0 for {DEFAULT_K}"
+        )
+    return k
+
+
+def validate_query(query: str) -> str:
+    if not query.strip():
+        raise BadSearch("query is empty; send the words to search for")
+    if len(query) > MAX_QUERY_CHARS:
+        raise BadSearch(
+            f"query has {len(query)!r} characters; at most {MAX_QUERY_CHARS} are accepted"
+        )
+    return query
+
+
+def candidate_pool(k: int) -> int:
+    """How many candidates each list contributes to fusion."""
+    return max(k * CANDIDATES_PER_RESULT, MIN_CANDIDATE_POOL)
+
+
+def rank(hits: Iterable[tuple[str, float]]) -> list[RankedHit]:
+    """Best first; equal scores ordered by chunk id so results are reproducible."""
+    return [RankedHit(cid, score) for cid, score in sorted(hits, key=lambda h: (-h[1], h[0]))]
+
+
+def fuse_rrf(
+    keyword: Sequence[RankedHit],
+    dense: Sequence[RankedHit],
+    *,
+    limit: int,
+    rrf_k: int = RRF_K,
+) -> list[FusedHit]:
+    """Reciprocal Rank Fusion: each list gives 1/(rrf_k + rank), ranks 1-based."""
+    keyword_at = {hit.chunk_id: (i + 1, hit.score) for i, hit in enumerate(keyword)}
+    dense_at = {hit.chunk_id: (i + 1, hit.score) for i, hit in enumerate(dense)}
+    fused: list[FusedHit] = []
+    for chunk_id in keyword_at.keys() | dense_at.keys():
+        k_rank, k_score = keyword_at.get(chunk_id, (0, 0.0))
+        d_rank, d_score = dense_at.get(chunk_id, (0, 0.0))
+        # Summed in a fixed order (keyword, then dense) so equal inputs give
+        # bit-equal floats.
+        score = 0.0
+        if k_rank:
+            score += 1.0 / (rrf_k + k_rank)
+        if d_rank:
+            score += 1.0 / (rrf_k + d_rank)
+        fused.append(FusedHit(chunk_id, score, k_rank, d_rank, k_score, d_score))
+    fused.sort(key=lambda h: (-h.fused_score, h.chunk_id))
+    return fused[:limit]
+
+
+def decide_mode(*, dense: DenseStatus, has_query_terms: bool) -> tuple[SearchMode, str]:
+    """The mode a search ran in, and the reason when it is not HYBRID (I11)."""
+    if dense is DenseStatus.NO_EMBEDDER:
+        return SearchMode.KEYWORD_ONLY, NO_EMBEDDER_REASON
+    if dense is DenseStatus.VECTOR_STORE_UNREACHABLE:
+        return SearchMode.KEYWORD_ONLY, VECTOR_STORE_UNREACHABLE_REASON
+    if dense is DenseStatus.EMBEDDER_FAILED:
+        return SearchMode.KEYWORD_ONLY, EMBEDDER_FAILED_REASON
+    if not has_query_terms:
+        return SearchMode.DENSE_ONLY, NO_QUERY_TERMS_REASON
+    return SearchMode.HYBRID, ""
+
+
+def assemble_results(
+    fused: Sequence[FusedHit], records: Mapping[str, ChunkRecord]
+) -> tuple[SearchHit, ...]:
+    """Fused hits with their chunks; a hit whose chunk is gone is dropped."""
+    return tuple(
+        SearchHit(
+            chunk=records[hit.chunk_id],
+            bm25_score=hit.bm25_score,
+            dense_score=hit.dense_score,
+            fused_score=hit.fused_score,
+            keyword_rank=hit.keyword_rank,
+            dense_rank=hit.dense_rank,
+        )
+        for hit in fused
+        if hit.chunk_id in records
+    )
+
+
+# ---------------------------------------------------------------- stats
+
+
+@dataclass(frozen=True, slots=True)
+class SourceCounts:
+    source: str
+    documents: int
+    chunks: int
+    embedded_chunks: int
+
+
+@dataclass(frozen=True, slots=True)
+class CorpusStats:
+    sources: tuple[SourceCounts, ...]
+    embedder: str
+
+    @property
+    def documents(self) -> int:
+        return sum(s.documents for s in self.sources)
+
+    @property
+    def chunks(self) -> int:
+        return sum(s.chunks for s in self.sources)
+
+    @property
+    def embedded_chunks(self) -> int:
+        return sum(s.embedded_chunks for s in self.sources)

@@ -1,0 +1,42 @@
+"""What the retrieval service refuses or cannot reach, by cause.
+
+    RetrievalError (CairnError)
+    ├── BadDocument              a document fails validation         INVALID_ARGUMENT
+    ├── BadSearch                a search names a bad value          INVALID_ARGUMENT
+    ├── DatabaseUnavailable      PostgreSQL did not answer           UNAVAILABLE
+    ├── VectorStoreUnavailable   Qdrant did not answer               UNAVAILABLE
+    └── EmbedderFailed           the embedder raised on a text       UNAVAILABLE
+
+Access refusals are not here: they are always cairn_libs.errors.Denied (I6).
+A BadDocument inside a batch does not fail the call: it becomes that document's
+FAILED result. VectorStoreUnavailable and EmbedderFailed during a search are
+not errors either: the search degrades to keyword-only and says so (I11).
+"""
+
+from __future__ import annotations
+
+from cairn_libs.errors import CairnError, DependencyUnavailable, InvalidInput
+
+
+class RetrievalError(CairnError):
+    """Base of every error raised by the retrieval service."""
+
+
+class BadDocument(RetrievalError, InvalidInput):
+    pass
+
+
+class BadSearch(RetrievalError, InvalidInput):
+    pass
+
+
+class DatabaseUnavailable(RetrievalError, DependencyUnavailable):
+    pass
+
+
+class VectorStoreUnavailable(RetrievalError, DependencyUnavailable):
+    pass
+
+
+class EmbedderFailed(RetrievalError, DependencyUnavailable):
+    pass

@@ -1,0 +1,110 @@
+"""One search: the caller's ACL predicate, BM25 candidates from PostgreSQL and
+dense candidates from Qdrant under that same predicate, fused with RRF.
+
+The I/O is here and nothing else: the predicate comes from cairn_libs.acl, and
+pool size, ranking, fusion and the mode are decided by pure functions in
+`domain`. Both candidate lists are joined back to the ready chunks the
+predicate admits in PostgreSQL before ranking, so a vector whose chunk is
+pending, replaced or deleted is never served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import structlog
+from opentelemetry import trace
+
+from cairn_libs.acl import AclPredicate
+from cairn_libs.embedding import Embedder
+from cairn_libs.errors import InvalidInput
+from cairn_libs.identity import Principal
+from cairn_retrieval.domain import (
+    DenseStatus,
+    SearchOutcome,
+    assemble_results,
+    candidate_pool,
+    decide_mode,
+    fuse_rrf,
+    rank,
+    resolve_k,
+    validate_query,
+)
+from cairn_retrieval.errors import BadSearch, VectorStoreUnavailable
+from cairn_retrieval.postgres import ChunkStore
+from cairn_retrieval.tokens import query_terms
+from cairn_retrieval.vectors import VectorStore
+
+log = structlog.get_logger(__name__)
+tracer = trace.get_tracer(__name__)
+
+
+class Searcher:
+    def __init__(
+        self, *, chunks: ChunkStore, vectors: VectorStore, embedder: Embedder | None
+    ) -> None:
+        self._chunks = chunks
+        self._vectors = vectors
+        self._embedder = embedder
+
+    async def search(
+        self, principal: Principal, *, query: str, sources: Sequence[str], k: int
+    ) -> SearchOutcome:
+        try:
+            predicate = AclPredicate.for_caller(principal, sources)
+        except InvalidInput as exc:
+            raise BadSearch(exc.message) from exc
+        k = resolve_k(k)
+        validate_query(query)
+        terms = query_terms(query)
+        pool = candidate_pool(k)
+
+        with tracer.start_as_current_span("retrieval.keyword") as span:
+            keyword_hits = await self._chunks.bm25(predicate, terms, limit=pool)
+            span.set_attribute("cairn.candidates", len(keyword_hits))
+        dense_status, query_vector, dense_ids = await self._dense(query, predicate, limit=pool)
+        mode, reason = decide_mode(dense=dense_status, has_query_terms=bool(terms))
+
+        records, similarity = await self._chunks.visible_chunks(
+            predicate,
+            sorted({cid for cid, _ in keyword_hits} | set(dense_ids)),
+            query_vector=query_vector,
+        )
+        keyword = rank(h for h in keyword_hits if h[0] in records)
+        dense = rank((cid, similarity[cid]) for cid in dense_ids if cid in similarity)
+        fused = fuse_rrf(keyword, dense, limit=k)
+        results = assemble_results(fused, records)
+        log.info(
+            "search.done",
+            mode=mode.value,
+            sources=list(predicate.sources),
+            k=k,
+            keyword_candidates=len(keyword),
+            dense_candidates=len(dense),
+            results=len(results),
+        )
+        return SearchOutcome(results=results, mode=mode, mode_reason=reason)
+
+    async def _dense(
+        self, query: str, predicate: AclPredicate, *, limit: int
+    ) -> tuple[DenseStatus, list[float] | None, list[str]]:
+        """Qdrant's dense candidates under the predicate, with the query vector.
+
+        Qdrant chooses the candidates; their scores are recomputed in
+        PostgreSQL, pair by pair, because Qdrant's batched float32 scoring can
+        move in the last bits when unrelated points are added (I2)."""
+        if self._embedder is None:
+            return DenseStatus.NO_EMBEDDER, None, []
+        with tracer.start_as_current_span("retrieval.dense") as span:
+            try:
+                (vector,) = await self._embedder.embed([query])
+            except Exception as exc:
+                log.warning("search.embed_failed", error=type(exc).__name__)
+                return DenseStatus.EMBEDDER_FAILED, None, []
+            try:
+                hits = await self._vectors.search(vector, predicate, limit=limit)
+            except VectorStoreUnavailable:
+                span.set_attribute("cairn.degraded", "vector_store_unreachable")
+                return DenseStatus.VECTOR_STORE_UNREACHABLE, None, []
+            span.set_attribute("cairn.candidates", len(hits))
+            return DenseStatus.AVAILABLE, vector, [cid for cid, _ in hits]
