@@ -1,0 +1,272 @@
+"""One model vendor over HTTP: its credentials, its base URL, its connection pool.
+
+A provider owns one httpx.AsyncClient for its whole life (keep-alive to the vendor
+is most of the latency a gateway can save) and closes it on stop. Every way an
+HTTP call can go wrong is translated here, at the boundary, into an AttemptFailed
+with an Outcome, so the failover loop never sees an httpx exception. The key lives
+only in the client's Authorization header and in the redactor that scrubs it from
+any text a vendor sends back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from typing import Any, Protocol
+
+import httpx
+
+from cairn_gateway.config import ProviderConfig
+from cairn_gateway.domain import (
+    Attempt,
+    Completion,
+    Outcome,
+    Redactor,
+    error_for_attempt,
+    outcome_for_status,
+)
+from cairn_gateway.errors import GatewayError, ProviderUnavailable
+from cairn_gateway.wire import (
+    DONE_SENTINEL,
+    MalformedResponse,
+    SseDecoder,
+    embeddings_body,
+    error_text,
+    error_text_from_body,
+    parse_completion,
+    parse_embeddings,
+    parse_retry_after,
+)
+
+
+class AttemptFailed(Exception):
+    """One attempt against one provider ended without an answer."""
+
+    def __init__(
+        self,
+        outcome: Outcome,
+        detail: str,
+        *,
+        http_status: int = 0,
+        retry_after_seconds: float | None = None,
+    ) -> None:
+        super().__init__(f"{outcome.value}: {detail}")
+        self.outcome = outcome
+        self.detail = detail
+        self.http_status = http_status
+        self.retry_after_seconds = retry_after_seconds
+
+
+class ChatProvider(Protocol):
+    """What the failover loop needs from a vendor."""
+
+    config: ProviderConfig
+
+    async def complete(
+        self, body: Mapping[str, Any], *, requested_model: str, redact: Redactor
+    ) -> Completion: ...
+
+    def stream(
+        self, body: Mapping[str, Any], *, redact: Redactor
+    ) -> AsyncGenerator[object, None]: ...
+
+    async def embed(self, texts: Sequence[str], *, model: str) -> list[list[float]]: ...
+
+    def redactor(self) -> Redactor: ...
+
+    async def aclose(self) -> None: ...
+
+
+def api_key_for(config: ProviderConfig, env: Mapping[str, str]) -> str | None:
+    """The key from the variable the config names; "" when none is needed; None when
+    the variable is named but unset (the provider cannot be used)."""
+    if not config.api_key_env:
+        return ""
+    value = env.get(config.api_key_env, "").strip()
+    return value or None
+
+
+class OpenAICompatibleProvider:
+    def __init__(
+        self,
+        config: ProviderConfig,
+        *,
+        api_key: str,
+        transport: httpx.AsyncBaseTransport | None = None,
+        max_connections: int = 100,
+    ) -> None:
+        self.config = config
+        headers = {"Accept": "application/json", **config.headers}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._secrets = (api_key,) if api_key else ()
+        self._client = httpx.AsyncClient(
+            base_url=config.base_url + "/",
+            headers=headers,
+            # Per phase: connecting, and each read. For unary calls the whole call is
+            # also capped (see `complete`); for streams this bounds silence between
+            # chunks, not the length of a long answer.
+            timeout=httpx.Timeout(config.timeout_seconds),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+            transport=transport,
+            follow_redirects=False,
+        )
+
+    def redactor(self) -> Redactor:
+        return Redactor(secrets=self._secrets)
+
+    async def complete(
+        self, body: Mapping[str, Any], *, requested_model: str, redact: Redactor
+    ) -> Completion:
+        timeout = self.config.timeout_seconds
+        try:
+            # A unary call is bounded as a whole, not only per read: a vendor that
+            # trickles bytes must not hold the caller past its timeout.
+            async with asyncio.timeout(timeout):
+                response = await self._client.post("chat/completions", json=body)
+        except (httpx.TimeoutException, TimeoutError) as exc:
+            raise AttemptFailed(Outcome.TIMEOUT, f"no answer within {timeout:g}s") from exc
+        except httpx.TransportError as exc:
+            raise AttemptFailed(
+                Outcome.CONNECTION_ERROR, self.redactor()(_transport_detail(exc))
+            ) from exc
+        if response.status_code != 200:
+            raise self._status_failure(
+                response.status_code, response.headers, response.content, redact
+            )
+        try:
+            payload = response.json()
+        except ValueError as exc:
+            raise AttemptFailed(
+                Outcome.MALFORMED_RESPONSE, "the response body is not JSON", http_status=200
+            ) from exc
+        try:
+            return parse_completion(payload, requested_model=requested_model)
+        except MalformedResponse as exc:
+            raise AttemptFailed(
+                Outcome.MALFORMED_RESPONSE, redact(str(exc)), http_status=200
+            ) from exc
+
+    async def stream(
+        self, body: Mapping[str, Any], *, redact: Redactor
+    ) -> AsyncGenerator[object, None]:
+        """The decoded chunks of one streamed completion; ends at [DONE] or raises."""
+        responded = False
+        try:
+            async with self._client.stream("POST", "chat/completions", json=body) as response:
+                if response.status_code != 200:
+                    content = await response.aread()
+                    raise self._status_failure(
+                        response.status_code, response.headers, content, redact
+                    )
+                responded = True
+                decoder = SseDecoder()
+                async for line in response.aiter_lines():
+                    data = decoder.feed(line)
+                    if data is None:
+                        continue
+                    if data.strip() == DONE_SENTINEL:
+                        return
+                    try:
+                        chunk = json.loads(data)
+                    except ValueError as exc:
+                        raise AttemptFailed(
+                            Outcome.MALFORMED_RESPONSE,
+                            "a stream event is not JSON",
+                            http_status=200,
+                        ) from exc
+                    if isinstance(chunk, dict) and "error" in chunk:
+                        raise AttemptFailed(
+                            Outcome.SERVER_ERROR,
+                            f"the stream carried an error: {redact(error_text(chunk))}",
+                            http_status=200,
+                        )
+                    yield chunk
+                raise AttemptFailed(
+                    Outcome.STREAM_CUT, "the stream ended without [DONE]", http_status=200
+                )
+        except httpx.TimeoutException as exc:
+            when = "between stream chunks" if responded else "before the stream began"
+            raise AttemptFailed(
+                Outcome.TIMEOUT,
+                f"silent for {self.config.timeout_seconds:g}s {when}",
+                http_status=200 if responded else 0,
+            ) from exc
+        except httpx.TransportError as exc:
+            if responded:
+                raise AttemptFailed(
+                    Outcome.STREAM_CUT, self.redactor()(_transport_detail(exc)), http_status=200
+                ) from exc
+            raise AttemptFailed(
+                Outcome.CONNECTION_ERROR, self.redactor()(_transport_detail(exc))
+            ) from exc
+
+    async def embed(self, texts: Sequence[str], *, model: str) -> list[list[float]]:
+        """Vectors from the vendor's /embeddings; any failure is the caller's error,
+        since vectors from another model could not be mixed with these."""
+        redact = self.redactor()
+        started = time.perf_counter()
+        try:
+            try:
+                response = await self._client.post("embeddings", json=embeddings_body(texts, model))
+            except httpx.TimeoutException as exc:
+                raise AttemptFailed(
+                    Outcome.TIMEOUT, f"no answer within {self.config.timeout_seconds:g}s"
+                ) from exc
+            except httpx.TransportError as exc:
+                raise AttemptFailed(
+                    Outcome.CONNECTION_ERROR, self.redactor()(_transport_detail(exc))
+                ) from exc
+            if response.status_code != 200:
+                raise self._status_failure(
+                    response.status_code, response.headers, response.content, redact
+                )
+            try:
+                return parse_embeddings(response.json(), count=len(texts))
+            except (ValueError, MalformedResponse) as exc:
+                raise AttemptFailed(
+                    Outcome.MALFORMED_RESPONSE, redact(str(exc)), http_status=200
+                ) from exc
+        except AttemptFailed as failure:
+            raise self._embed_error(failure, model, time.perf_counter() - started) from failure
+
+    def _embed_error(self, failure: AttemptFailed, model: str, latency: float) -> GatewayError:
+        attempt = Attempt(
+            provider=self.config.name,
+            model=model,
+            outcome=failure.outcome,
+            http_status=failure.http_status,
+            latency_seconds=latency,
+            detail=failure.detail,
+            retry_after_seconds=failure.retry_after_seconds,
+        )
+        error = error_for_attempt(attempt)
+        if isinstance(error, ProviderUnavailable):
+            return ProviderUnavailable(f"embedding with {error.message}")
+        return error
+
+    def _status_failure(
+        self, status: int, headers: Mapping[str, str], content: bytes, redact: Redactor
+    ) -> AttemptFailed:
+        outcome = outcome_for_status(status)
+        if status in (401, 403):
+            # Vendors echo part of a rejected key in the message; say nothing of it.
+            source = f" from {self.config.api_key_env}" if self.config.api_key_env else ""
+            detail = f"HTTP {status}: the provider refused the key{source}"
+        else:
+            detail = f"HTTP {status}: {redact(error_text_from_body(content)) or 'no message'}"
+        retry_after = parse_retry_after(headers) if status in (429, 503) else None
+        return AttemptFailed(outcome, detail, http_status=status, retry_after_seconds=retry_after)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def _transport_detail(exc: httpx.TransportError) -> str:
+    # The exception's text can hold the URL, never a header; still, keep it short.
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text[:160]}" if text else type(exc).__name__

@@ -1,0 +1,259 @@
+"""The failover loop: try providers in order, report every attempt, do no harm.
+
+For each call: plan the routes, reserve the run's budget, then per provider take
+from its ceiling, send, and let `domain.next_step` say whether to answer, fail
+over or return the error. Each attempt is one `chat {model}` span. Unary and
+streamed calls share this loop; a stream forwards content as it arrives and, once
+any has been sent, can only finish or fail, never start over elsewhere.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+
+import structlog
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from cairn_gateway.config import ProviderConfig
+from cairn_gateway.domain import (
+    REASONING_EFFORT,
+    Attempt,
+    ChatRequest,
+    ChatResult,
+    Completion,
+    ContentDelta,
+    NextStep,
+    Outcome,
+    RequestShape,
+    Route,
+    all_failed_error,
+    error_for_attempt,
+    estimate_prompt_tokens,
+    next_step,
+    plan_routes,
+    tokens_needed,
+)
+from cairn_gateway.errors import NoProviderConfigured
+from cairn_gateway.instrumentation import request_attributes, result_attributes, span_name
+from cairn_gateway.ledger import CeilingGrant, Ledger
+from cairn_gateway.provider import AttemptFailed, ChatProvider
+from cairn_gateway.wire import MalformedResponse, StreamAssembler, chat_body
+
+log = structlog.get_logger(__name__)
+tracer = trace.get_tracer(__name__)
+
+# Failures after which the vendor may have spent tokens we cannot count.
+_USAGE_UNKNOWN = frozenset({Outcome.TIMEOUT, Outcome.STREAM_CUT, Outcome.MALFORMED_RESPONSE})
+
+
+@dataclass
+class _AttemptRecord:
+    attempt: Attempt | None = None
+    completion: Completion | None = None
+
+
+class Router:
+    def __init__(
+        self,
+        providers: Sequence[ChatProvider],
+        *,
+        ledger: Ledger,
+        trace_content: bool = False,
+        disabled: Mapping[str, str] | None = None,
+    ) -> None:
+        self._providers = {p.config.name: p for p in providers}
+        self._ledger = ledger
+        self._trace_content = trace_content
+        # Providers left out at start-up, with why (e.g. their key variable is unset).
+        self._disabled = dict(disabled or {})
+
+    @property
+    def configs(self) -> tuple[ProviderConfig, ...]:
+        return tuple(p.config for p in self._providers.values())
+
+    async def chat(self, request: ChatRequest, *, org_id: str) -> ChatResult:
+        async with aclosing(self._run(request, org_id=org_id, stream=False)) as events:
+            async for event in events:
+                if isinstance(event, ChatResult):
+                    return event
+        raise AssertionError("the failover loop ended without a result or an error")
+
+    def chat_stream(
+        self, request: ChatRequest, *, org_id: str
+    ) -> AsyncIterator[ContentDelta | ChatResult]:
+        return self._run(request, org_id=org_id, stream=True)
+
+    async def _run(
+        self, request: ChatRequest, *, org_id: str, stream: bool
+    ) -> AsyncGenerator[ContentDelta | ChatResult, None]:
+        if not self._providers:
+            reasons = "; ".join(f"{name}: {why}" for name, why in self._disabled.items())
+            raise NoProviderConfigured(
+                f"no model provider is usable ({reasons or 'none configured'})"
+            )
+        routes = plan_routes(self.configs, request)
+        reservation = await self._ledger.reserve_run(org_id=org_id, request=request)
+        try:
+            attempts: list[Attempt] = []
+            content_sent = False
+            for route in routes:
+                record = _AttemptRecord()
+                async with aclosing(
+                    self._attempt(self._providers[route.provider], route, request, stream, record)
+                ) as deltas:
+                    async for delta in deltas:
+                        content_sent = True
+                        yield delta
+                attempt = record.attempt
+                assert attempt is not None
+                attempts.append(attempt)
+                shape = RequestShape(
+                    has_tool_history=request.has_tool_history, content_sent=content_sent
+                )
+                step = next_step(attempt.outcome, shape)
+                if step is NextStep.ANSWER:
+                    assert record.completion is not None
+                    yield ChatResult(record.completion, route.provider, tuple(attempts))
+                    return
+                if step is NextStep.RETURN_ERROR:
+                    raise error_for_attempt(
+                        attempt, content_sent=content_sent, earlier=attempts[:-1]
+                    )
+            raise all_failed_error(attempts)
+        finally:
+            if reservation is not None:
+                await self._ledger.release_run(reservation)
+
+    async def _attempt(
+        self,
+        provider: ChatProvider,
+        route: Route,
+        request: ChatRequest,
+        stream: bool,
+        record: _AttemptRecord,
+    ) -> AsyncGenerator[ContentDelta, None]:
+        """One try against one provider; fills `record` with the attempt (and the
+        completion on success) instead of raising for a provider failure."""
+        config = provider.config
+        effort = REASONING_EFFORT[route.tier] if config.supports_reasoning_effort else None
+        body = chat_body(
+            request,
+            route,
+            stream=stream,
+            reasoning_effort=effort,
+            max_tokens_field=config.max_tokens_field,
+        )
+        redact = provider.redactor().with_prompt(request.messages)
+        # Not made current: this generator yields to the servicer mid-span, and a
+        # context attached across a yield would leak into the caller's code.
+        span = tracer.start_span(
+            span_name(route),
+            kind=SpanKind.CLIENT,
+            attributes=request_attributes(
+                route, config, request, reasoning_effort=effort, trace_content=self._trace_content
+            ),
+        )
+        started = time.perf_counter()
+        grant: CeilingGrant | None = None
+        try:
+            grant = await self._ledger.take_ceiling(config, tokens_needed(request))
+            if grant is not None and not grant.granted:
+                raise AttemptFailed(
+                    Outcome.REFUSED_CEILING,
+                    grant.detail,
+                    retry_after_seconds=grant.retry_after_seconds,
+                )
+            if stream:
+                assembler = StreamAssembler(requested_model=route.model)
+                try:
+                    async with aclosing(provider.stream(body, redact=redact)) as chunks:
+                        async for chunk in chunks:
+                            try:
+                                text = assembler.feed(chunk)
+                            except MalformedResponse as exc:
+                                raise AttemptFailed(
+                                    Outcome.MALFORMED_RESPONSE, redact(str(exc)), http_status=200
+                                ) from exc
+                            if text:
+                                yield ContentDelta(text)
+                except AttemptFailed as failure:
+                    # A finish_reason means the answer was whole; only the end marker
+                    # (and perhaps the usage chunk) was lost.
+                    if failure.outcome is not Outcome.STREAM_CUT or not assembler.finished:
+                        raise
+                try:
+                    completion = assembler.completion(
+                        prompt_tokens_estimate=estimate_prompt_tokens(
+                            request.messages, request.tools
+                        )
+                    )
+                except MalformedResponse as exc:
+                    raise AttemptFailed(
+                        Outcome.MALFORMED_RESPONSE, redact(str(exc)), http_status=200
+                    ) from exc
+            else:
+                completion = await provider.complete(
+                    body, requested_model=route.model, redact=redact
+                )
+            record.completion = completion
+            record.attempt = Attempt(
+                provider=config.name,
+                model=route.model,
+                outcome=Outcome.OK,
+                http_status=200,
+                latency_seconds=time.perf_counter() - started,
+                detail="usage estimated: the provider reported none"
+                if completion.usage_estimated
+                else "",
+            )
+        except AttemptFailed as failure:
+            record.attempt = Attempt(
+                provider=config.name,
+                model=route.model,
+                outcome=failure.outcome,
+                http_status=failure.http_status,
+                latency_seconds=time.perf_counter() - started,
+                detail=failure.detail,
+                retry_after_seconds=failure.retry_after_seconds,
+            )
+        finally:
+            if grant is not None and grant.granted:
+                await self._ledger.settle_ceiling(grant, self._tokens_used(record, grant))
+            self._finish_span(span, record, request)
+
+    @staticmethod
+    def _tokens_used(record: _AttemptRecord, grant: CeilingGrant) -> int:
+        if record.completion is not None:
+            return record.completion.usage.total_tokens
+        if record.attempt is None or record.attempt.outcome in _USAGE_UNKNOWN:
+            return grant.tokens
+        return 0
+
+    def _finish_span(self, span: trace.Span, record: _AttemptRecord, request: ChatRequest) -> None:
+        attempt = record.attempt
+        if attempt is None:
+            # Cancelled (the caller went away) or a bug: no outcome to report.
+            span.set_status(Status(StatusCode.ERROR, "attempt did not finish"))
+            span.end()
+            return
+        span.set_attributes(
+            result_attributes(attempt, record.completion, trace_content=self._trace_content)
+        )
+        if attempt.outcome is not Outcome.OK:
+            span.set_status(Status(StatusCode.ERROR, attempt.outcome.value))
+        span.end()
+        log.info(
+            "chat.attempt",
+            provider=attempt.provider,
+            model=attempt.model,
+            outcome=attempt.outcome.value,
+            http_status=attempt.http_status,
+            latency_ms=round(attempt.latency_seconds * 1000, 2),
+            run_id=request.run_id or None,
+            # A vendor's words about a rejected request may quote it; keep them out.
+            detail=None if attempt.outcome is Outcome.CLIENT_ERROR else attempt.detail or None,
+        )

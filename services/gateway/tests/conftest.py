@@ -1,0 +1,113 @@
+"""Real processes for the gateway's tests: three fake vendors on loopback and a
+gateway configured to fail over across them (see gateway_support), started once
+per session; each test starts with the vendors' scripts and request logs empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from cairn.gateway.v1 import gateway_pb2_grpc
+from cairn_libs.clients import call_metadata
+from cairn_libs.identity import TokenIssuer
+from cairn_libs.stack import (
+    ServiceProcess,
+    free_port,
+    start_fake_provider,
+    start_service,
+    wait_for_health,
+    wait_for_http,
+)
+from services.gateway.tests.gateway_support import (
+    ALPHA_KEY,
+    FakeVendor,
+    SpanCollector,
+    Vendors,
+    provider_yaml,
+)
+
+
+@pytest.fixture(scope="session")
+def session_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gateway-logs")
+
+
+@pytest.fixture(scope="session")
+def vendors(session_logs: Path) -> Iterator[Vendors]:
+    started = []
+    for name in ("alpha", "beta", "gamma"):
+        extra = ["--require-key", ALPHA_KEY] if name == "alpha" else []
+        proc = start_fake_provider(port=free_port(), log_dir=session_logs, name=name, extra=extra)
+        started.append(FakeVendor(name, proc))
+    try:
+        for vendor in started:
+            wait_for_http(vendor.process)
+        yield Vendors(*started)
+    finally:
+        for vendor in started:
+            vendor.process.stop()
+
+
+@pytest.fixture(scope="session")
+def span_collector() -> Iterator[SpanCollector]:
+    collector = SpanCollector()
+    collector.start()
+    yield collector
+    collector.stop()
+
+
+@pytest.fixture(scope="session")
+def gateway(
+    vendors: Vendors,
+    service_env: dict[str, str],
+    session_logs: Path,
+    span_collector: SpanCollector,
+) -> Iterator[ServiceProcess]:
+    config = session_logs / "providers.yaml"
+    config.write_text(provider_yaml(vendors))
+    proc = start_service(
+        "gateway",
+        port=free_port(),
+        env={
+            **service_env,
+            "CAIRN_GATEWAY_CONFIG": str(config),
+            "CAIRN_TEST_ALPHA_KEY": ALPHA_KEY,
+            "CAIRN_EMBEDDER": "local",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": span_collector.endpoint,
+            "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        },
+        log_dir=session_logs,
+    )
+    try:
+        wait_for_health(proc)
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_vendors(request: pytest.FixtureRequest) -> None:
+    # Only tests that use the vendors pay for the reset.
+    if "vendors" in request.fixturenames:
+        for vendor in request.getfixturevalue("vendors").all():
+            vendor.reset()
+
+
+@pytest.fixture(scope="session")
+def channel(gateway: ServiceProcess) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(gateway.address) as ch:
+        yield ch
+
+
+@pytest.fixture(scope="session")
+def stub(channel: grpc.Channel) -> gateway_pb2_grpc.GatewayServiceStub:
+    return gateway_pb2_grpc.GatewayServiceStub(channel)
+
+
+@pytest.fixture
+def metadata(issuer: TokenIssuer, new_org: str) -> tuple[tuple[str, str], ...]:
+    return call_metadata(issuer.caller_token(org_id=new_org, user_id="ada", roles=["member"]))

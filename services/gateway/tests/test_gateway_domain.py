@@ -1,0 +1,216 @@
+"""Routing, budgets, ceilings, redaction and span attributes: the pure parts."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cairn_gateway.config import ProviderConfig
+from cairn_gateway.domain import (
+    Attempt,
+    ChatMessage,
+    ChatRequest,
+    Completion,
+    Outcome,
+    Redactor,
+    Route,
+    ToolCall,
+    Usage,
+    ceiling_bucket,
+    ceiling_window_floor,
+    check_ceiling,
+    check_run_budget,
+    estimate_prompt_tokens,
+    plan_routes,
+    tokens_needed,
+)
+from cairn_gateway.errors import ChatRequestInvalid, NoProviderConfigured, RunBudgetExceeded
+from cairn_gateway.instrumentation import request_attributes, result_attributes, span_name
+
+
+def provider(name: str, **models: str) -> ProviderConfig:
+    return ProviderConfig(
+        name=name, base_url=f"https://{name}.example:8443/v1", api_key_env="", models=models
+    )  # type: ignore[arg-type]
+
+
+PROVIDERS = [
+    provider("a", fast="a-small", balanced="a-mid"),
+    provider("b", balanced="b-mid", deep="b-big"),
+    provider("c", fast="shared", deep="shared"),
+]
+
+
+def ask(**fields: object) -> ChatRequest:
+    return ChatRequest(messages=(ChatMessage("user", "hello"),), **fields)  # type: ignore[arg-type]
+
+
+def test_a_tier_routes_to_every_provider_that_serves_it_in_order() -> None:
+    assert plan_routes(PROVIDERS, ask(tier="balanced")) == [
+        Route("a", "a-mid", "balanced"),
+        Route("b", "b-mid", "balanced"),
+    ]
+
+
+def test_no_tier_means_balanced() -> None:
+    assert [r.provider for r in plan_routes(PROVIDERS, ask())] == ["a", "b"]
+
+
+def test_an_explicit_model_wins_and_takes_the_tier_it_is_listed_under() -> None:
+    assert plan_routes(PROVIDERS, ask(model="b-big", tier="fast")) == [Route("b", "b-big", "fast")]
+    assert plan_routes(PROVIDERS, ask(model="shared")) == [Route("c", "shared", "fast")]
+
+
+def test_an_unknown_model_or_an_unserved_tier_is_refused() -> None:
+    with pytest.raises(ChatRequestInvalid, match="'nope' is not configured"):
+        plan_routes(PROVIDERS, ask(model="nope"))
+    with pytest.raises(NoProviderConfigured, match="no provider serves tier 'deep'"):
+        plan_routes([PROVIDERS[0]], ask(tier="deep"))
+
+
+def test_prompt_tokens_are_estimated_at_four_characters_each_including_tool_calls() -> None:
+    messages = [
+        ChatMessage("user", "x" * 10),
+        ChatMessage("assistant", "", tool_calls=(ToolCall("id", "abcd", "y" * 6),)),
+    ]
+
+    assert estimate_prompt_tokens(messages) == 5  # ceil(20 / 4)
+
+
+def test_a_call_that_fits_the_budget_passes_and_one_that_does_not_is_refused() -> None:
+    fits = ask(max_tokens=100, remaining_budget_tokens=102, run_id="r1")
+    too_big = ask(remaining_budget_tokens=1000, run_id="r1")  # 2 + default 1024
+
+    assert check_run_budget(fits) == tokens_needed(fits) == 102
+    with pytest.raises(RunBudgetExceeded, match="run 'r1' has 1000 tokens left"):
+        check_run_budget(too_big)
+    with pytest.raises(RunBudgetExceeded, match="50 are reserved"):
+        check_run_budget(fits, reserved_in_flight=50)
+
+
+def test_no_budget_means_no_refusal() -> None:
+    assert check_run_budget(ask(max_tokens=10**6)) == 10**6 + 2
+
+
+@given(
+    used=st.integers(0, 20_000),
+    tokens=st.integers(1, 20_000),
+    moment=st.floats(0, 1e9, allow_nan=False),
+)
+def test_a_ceiling_is_never_granted_past_its_tokens_per_minute(
+    used: int, tokens: int, moment: float
+) -> None:
+    limited = ProviderConfig(
+        name="g",
+        base_url="https://g/v1",
+        api_key_env="",
+        models={"fast": "m"},
+        tokens_per_minute=8000,
+    )
+
+    check = check_ceiling(
+        provider=limited, tokens=tokens, used_tokens=used, used_requests=0, epoch_seconds=moment
+    )
+
+    assert check.granted is (used + tokens <= 8000)
+    if not check.granted and tokens <= 8000:
+        assert check.retry_after_seconds is not None and 0 < check.retry_after_seconds <= 10
+
+
+def test_the_counted_window_always_covers_the_last_full_minute() -> None:
+    for moment in (0.0, 9.99, 10.0, 59.5, 123.4):
+        assert ceiling_window_floor(moment) <= moment - 60
+        assert ceiling_window_floor(moment) > moment - 71
+        assert ceiling_bucket(moment) <= moment < ceiling_bucket(moment) + 10
+
+
+def test_requests_per_minute_is_a_ceiling_too() -> None:
+    limited = ProviderConfig(
+        name="g",
+        base_url="https://g/v1",
+        api_key_env="",
+        models={"fast": "m"},
+        requests_per_minute=3,
+    )
+
+    assert check_ceiling(
+        provider=limited, tokens=5, used_tokens=0, used_requests=2, epoch_seconds=1
+    ).granted
+    assert not check_ceiling(
+        provider=limited, tokens=5, used_tokens=0, used_requests=3, epoch_seconds=1
+    ).granted
+
+
+def test_a_call_larger_than_the_whole_ceiling_has_no_retry_time() -> None:
+    limited = ProviderConfig(
+        name="g",
+        base_url="https://g/v1",
+        api_key_env="",
+        models={"fast": "m"},
+        tokens_per_minute=100,
+    )
+
+    check = check_ceiling(
+        provider=limited, tokens=101, used_tokens=0, used_requests=0, epoch_seconds=1
+    )
+
+    assert not check.granted and check.retry_after_seconds is None
+
+
+def test_the_redactor_removes_the_key_and_echoed_prompt_text() -> None:
+    prompt = "Please summarise the salary review for Jane Doe in finance"
+    redact = Redactor(secrets=("sk-live-abc123",)).with_prompt([ChatMessage("user", prompt)])
+
+    text = redact(f"Invalid key sk-live-abc123; could not process '{prompt[:40]}...'")
+
+    assert "sk-live-abc123" not in text and "Jane" not in text and "salary" not in text
+    assert "[redacted]" in text and "[prompt]" in text
+
+
+def test_the_redactor_cuts_long_text() -> None:
+    assert len(Redactor()("x" * 5000)) == 300
+
+
+SECRET_PROMPT = "The launch code is 0000 and the patient is Mr Smith"
+
+
+def attributes(trace_content: bool) -> dict[str, object]:
+    request = ChatRequest(
+        messages=(ChatMessage("user", SECRET_PROMPT),), run_id="run-1", max_tokens=64
+    )
+    route = Route("a", "a-mid", "balanced")
+    completion = Completion(
+        ChatMessage("assistant", "Noted, Mr Smith."), "stop", Usage(12, 5, 17), "a-mid-2025"
+    )
+    attempt = Attempt("a", "a-mid", Outcome.OK, 200, 0.1)
+    return {
+        **request_attributes(
+            route, PROVIDERS[0], request, reasoning_effort="medium", trace_content=trace_content
+        ),
+        **result_attributes(attempt, completion, trace_content=trace_content),
+    }
+
+
+def test_spans_carry_the_genai_attributes_and_no_content_by_default() -> None:
+    recorded = attributes(trace_content=False)
+
+    assert span_name(Route("a", "a-mid", "balanced")) == "chat a-mid"
+    assert recorded["gen_ai.operation.name"] == "chat"
+    assert recorded["gen_ai.provider.name"] == "a"
+    assert recorded["gen_ai.request.model"] == "a-mid"
+    assert recorded["gen_ai.response.model"] == "a-mid-2025"
+    assert (recorded["gen_ai.usage.input_tokens"], recorded["gen_ai.usage.output_tokens"]) == (
+        12,
+        5,
+    )
+    assert recorded["gen_ai.response.finish_reasons"] == ["stop"]
+    assert (recorded["server.address"], recorded["server.port"]) == ("a.example", 8443)
+    assert "Smith" not in repr(recorded)
+
+
+def test_content_is_recorded_only_when_the_deployment_turns_it_on() -> None:
+    recorded = attributes(trace_content=True)
+
+    assert SECRET_PROMPT in str(recorded["gen_ai.input.messages"])
+    assert "Noted, Mr Smith." in str(recorded["gen_ai.output.messages"])

@@ -1,0 +1,149 @@
+"""Run reservations and provider ceilings in the real PostgreSQL, under concurrency,
+with two ledgers on separate pools standing in for two gateway replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from cairn_gateway.app import MIGRATIONS, SCHEMA
+from cairn_gateway.config import ProviderConfig
+from cairn_gateway.domain import ChatMessage, ChatRequest
+from cairn_gateway.errors import LedgerUnavailable, RunBudgetExceeded
+from cairn_gateway.postgres import PostgresLedger
+from cairn_libs.db import Database, load_migrations
+
+
+async def _database(url: str) -> Database:
+    db = Database(url=url, schema=SCHEMA, migrations=load_migrations(MIGRATIONS))
+    assert await db.ready()
+    return db
+
+
+@pytest.fixture(scope="module")
+async def replicas(pg_url: str) -> AsyncIterator[tuple[PostgresLedger, PostgresLedger]]:
+    first, second = await _database(pg_url), await _database(pg_url)
+    yield PostgresLedger(first), PostgresLedger(second)
+    await first.close()
+    await second.close()
+
+
+def call(run_id: str, *, budget: int, max_tokens: int = 100) -> ChatRequest:
+    return ChatRequest(
+        messages=(ChatMessage("user", "abcd"),),  # 1 prompt token
+        run_id=run_id,
+        remaining_budget_tokens=budget,
+        max_tokens=max_tokens,
+    )
+
+
+async def test_concurrent_calls_of_one_run_reserve_no_more_than_its_budget(
+    replicas: tuple[PostgresLedger, PostgresLedger], new_org: str
+) -> None:
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    request = call(run_id, budget=500)  # 101 each: four fit
+
+    async def reserve(i: int) -> str | None:
+        try:
+            return await replicas[i % 2].reserve_run(org_id=new_org, request=request)
+        except RunBudgetExceeded:
+            return None
+
+    granted = [r for r in await asyncio.gather(*(reserve(i) for i in range(20))) if r]
+
+    assert len(granted) == 4
+    await replicas[0].release_run(granted[0])
+    assert await replicas[1].reserve_run(org_id=new_org, request=request) is not None
+
+
+async def test_another_orgs_run_with_the_same_id_has_its_own_budget(
+    replicas: tuple[PostgresLedger, PostgresLedger], new_org: str
+) -> None:
+    run_id = "run-shared-name"
+    await replicas[0].reserve_run(org_id=new_org, request=call(run_id, budget=101))
+
+    other = await replicas[0].reserve_run(org_id=new_org + "-b", request=call(run_id, budget=101))
+
+    assert other is not None
+    with pytest.raises(RunBudgetExceeded, match="101 are reserved"):
+        await replicas[1].reserve_run(org_id=new_org, request=call(run_id, budget=101))
+
+
+async def test_a_call_without_a_budget_reserves_nothing(
+    replicas: tuple[PostgresLedger, PostgresLedger], new_org: str
+) -> None:
+    request = ChatRequest(messages=(ChatMessage("user", "x"),), run_id="r")
+
+    assert await replicas[0].reserve_run(org_id=new_org, request=request) is None
+
+
+def limited(name: str, *, tpm: int | None = None, rpm: int | None = None) -> ProviderConfig:
+    return ProviderConfig(
+        name=name,
+        base_url="https://x/v1",
+        api_key_env="",
+        models={"fast": "m"},
+        tokens_per_minute=tpm,
+        requests_per_minute=rpm,
+    )
+
+
+async def test_two_replicas_together_stay_under_one_tokens_per_minute_ceiling(
+    replicas: tuple[PostgresLedger, PostgresLedger],
+) -> None:
+    provider = limited(f"ceiling-{uuid.uuid4().hex[:8]}", tpm=8000)
+
+    grants = await asyncio.gather(*(replicas[i % 2].take_ceiling(provider, 700) for i in range(40)))
+
+    granted = [g for g in grants if g is not None and g.granted]
+    assert len(granted) == 11  # 11 * 700 = 7700 <= 8000 < 8400
+    refused = [g for g in grants if g is not None and not g.granted]
+    assert all(g.retry_after_seconds is not None for g in refused)
+
+
+async def test_settling_with_the_real_usage_gives_the_difference_back(
+    replicas: tuple[PostgresLedger, PostgresLedger],
+) -> None:
+    provider = limited(f"ceiling-{uuid.uuid4().hex[:8]}", tpm=1000)
+    first = await replicas[0].take_ceiling(provider, 900)
+    assert first is not None and first.granted
+    refused = await replicas[1].take_ceiling(provider, 900)
+    assert refused is not None and not refused.granted
+
+    await replicas[0].settle_ceiling(first, 50)
+
+    again = await replicas[1].take_ceiling(provider, 900)
+    assert again is not None and again.granted
+
+
+async def test_requests_per_minute_holds_across_replicas(
+    replicas: tuple[PostgresLedger, PostgresLedger],
+) -> None:
+    provider = limited(f"ceiling-{uuid.uuid4().hex[:8]}", rpm=5)
+
+    grants = await asyncio.gather(*(replicas[i % 2].take_ceiling(provider, 1) for i in range(12)))
+
+    assert sum(1 for g in grants if g is not None and g.granted) == 5
+
+
+async def test_a_provider_without_a_ceiling_never_touches_the_database(
+    replicas: tuple[PostgresLedger, PostgresLedger],
+) -> None:
+    assert await replicas[0].take_ceiling(limited("free"), 10**9) is None
+
+
+async def test_with_the_database_down_a_ceiling_fails_closed_and_a_budget_is_unavailable(
+    new_org: str,
+) -> None:
+    down = PostgresLedger(
+        Database(url="postgresql://nobody@127.0.0.1:1/none", schema=SCHEMA, migrations=[])
+    )
+
+    grant = await down.take_ceiling(limited("any", tpm=100), 1)
+
+    assert grant is not None and not grant.granted and "unreachable" in grant.detail
+    with pytest.raises(LedgerUnavailable, match="cannot reserve run 'r'"):
+        await down.reserve_run(org_id=new_org, request=call("r", budget=1000))

@@ -1,0 +1,670 @@
+"""The gateway as a real process, over real gRPC, in front of fake vendors that
+speak OpenAI chat-completions over real HTTP and fail on command."""
+
+from __future__ import annotations
+
+import json
+import math
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from cairn.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from cairn_libs.stack import ServiceProcess
+from services.gateway.tests.gateway_support import (
+    ALPHA_KEY,
+    SpanCollector,
+    Vendors,
+    chat_request,
+    new_run_id,
+    user,
+)
+
+Metadata = tuple[tuple[str, str], ...]
+pb = gateway_pb2
+
+
+def rpc_error(call: Any) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as caught:
+        call()
+    return caught.value
+
+
+def retry_delay_seconds(error: grpc.RpcError) -> float | None:
+    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    assert status is not None
+    for detail in status.details:
+        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            info = error_details_pb2.RetryInfo()
+            detail.Unpack(info)
+            return float(info.retry_delay.ToNanoseconds()) / 1e9
+    return None
+
+
+def outcomes(response: gateway_pb2.ChatResponse) -> list[tuple[str, str, int]]:
+    return [
+        (a.provider, pb.AttemptOutcome.Name(a.outcome), a.http_status) for a in response.attempts
+    ]
+
+
+# --- plain answers ---------------------------------------------------------------
+
+
+def test_plain_answer_reports_provider_model_usage_and_attempts(
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, metadata: Metadata
+) -> None:
+    vendors.alpha.script({"action": "answer", "content": "Paris."})
+
+    response = stub.Chat(chat_request(), metadata=metadata, timeout=10)
+
+    assert response.message.content == "Paris."
+    assert response.message.role == pb.MESSAGE_ROLE_ASSISTANT
+    assert response.finish_reason == "stop"
+    assert (response.provider, response.model) == ("alpha", "alpha-balanced")
+    assert response.usage.prompt_tokens > 0 and response.usage.completion_tokens > 0
+    assert response.usage.total_tokens == (
+        response.usage.prompt_tokens + response.usage.completion_tokens
+    )
+    assert outcomes(response) == [("alpha", "ATTEMPT_OUTCOME_OK", 200)]
+    assert response.attempts[0].model == "alpha-balanced"
+    assert response.attempts[0].latency.ToNanoseconds() > 0
+    sent = vendors.alpha.requests()
+    assert len(sent) == 1 and sent[0]["authorization_present"]
+
+
+def test_an_explicit_model_wins_over_the_tier(
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, metadata: Metadata
+) -> None:
+    response = stub.Chat(
+        chat_request(tier=pb.TIER_FAST, model="shared-deep"), metadata=metadata, timeout=10
+    )
+
+    assert (response.provider, response.model) == ("gamma", "shared-deep")
+    assert vendors.alpha.requests() == [] and vendors.beta.requests() == []
+    assert vendors.gamma.requests()[0]["body"]["model"] == "shared-deep"
+
+
+def test_an_unconfigured_model_is_refused_with_the_configured_ones_named(
+    stub: gateway_pb2_grpc.GatewayServiceStub, metadata: Metadata
+) -> None:
+    error = rpc_error(lambda: stub.Chat(chat_request(model="gpt-9"), metadata=metadata, timeout=10))
+
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'gpt-9'" in error.details() and "alpha-balanced" in error.details()
+
+
+def test_reasoning_effort_follows_the_tier_only_where_the_provider_supports_it(
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, metadata: Metadata
+) -> None:
+    vendors.alpha.script({"action": "status", "status": 503})
+
+    stub.Chat(chat_request(tier=pb.TIER_DEEP, max_tokens=77), metadata=metadata, timeout=10)
+
+    (to_alpha,) = vendors.alpha.requests()
+    (to_beta,) = vendors.beta.requests()
+    assert to_alpha["body"]["reasoning_effort"] == "high"
+    assert to_alpha["body"]["max_tokens"] == 77
+    assert "reasoning_effort" not in to_beta["body"]
+    assert to_beta["body"]["model"] == "beta-deep"
+
+
+def test_max_tokens_defaults_to_1024(
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, metadata: Metadata
+) -> None:
+    stub.Chat(chat_request(tier=pb.TIER_FAST), metadata=metadata, timeout=10)
+
+    (sent,) = vendors.alpha.requests()
+    assert sent["body"]["max_tokens"] == 1024
+    assert sent["body"]["reasoning_effort"] == "low"
+
+
+# --- tools -----------------------------------------------------------------------
+
+SEARCH_SCHEMA = {
+    "type": "object",
+    "properties": {"query": {"type": "string"}, "k": {"type": "integer", "minimum": 1}},
+    "required": ["query"],
+    "additionalProperties": False,
+}
+
+
+def test_tool_definitions_and_the_models_tool_call_pass_through_intact(
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, metadata: Metadata
+) -> None:
+    vendors.alpha.script(
+        {"action": "tool_call", "name": "search", "arguments": {"query": "tarifs été", "k": 3}}
+    )
+    request = chat_request(
+        "Find the summer prices",
+        tools=[
+            pb.ToolDefinition(
+                name="search",
+                description="Search the handbook.",
+                parameters_json_schema=json.dumps(SEARCH_SCHEMA),
+            )
+        ],
+    )
+
+    response = stub.Chat(request, metadata=metadata, timeout=10)
+
+    (call,) = response.message.tool_calls
+    assert call.name == "search"
+    assert call.arguments_json == '{"query":"tarifs été","k":3}'
+    assert call.id
+    assert response.finish_reason == "tool_calls"
+    (sent,) = vendors.alpha.requests()
+    assert sent["body"]["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "search",
+                "description": "Search the handbook.",
+                "parameters": SEARCH_SCHEMA,
+            },
+        }
+    ]
+
+
+def tool_history(question: str = "Find the summer prices") -> list[gateway_pb2.Message]:
+    return [
+        pb.Message(role=pb.MESSAGE_ROLE_SYSTEM, content="You answer from the handbook."),
+        user(question),
+        pb.Message(
+            role=pb.MESSAGE_ROLE_ASSISTANT,
+            tool_calls=[
+                pb.ToolCall(id="call_abc123", name="search", arguments_json='{"query": "summer"}')
+            ],
+        ),
+        pb.Message(
+            role=pb.MESSAGE_ROLE_TOOL, tool_call_id="call_abc123", content='{"hits": ["p. 4"]}'
+        ),
+    ]
+
+
+def test_a_conversation_with_tool_calls_reaches_the_provider_intact(
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, metadata: Metadata
+) -> None:
+    vendors.alpha.script({"action": "answer", "content": "Page 4 lists them."})
+
+    response = stub.Chat(
+        pb.ChatRequest(messages=tool_history(), tier=pb.TIER_BALANCED),
+        metadata=metadata,
+        timeout=10,
+    )
+
+    assert response.message.content == "Page 4 lists them."
+    (sent,) = vendors.alpha.requests()
+    assert sent["body"]["messages"][2:] == [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_abc123",
+                    "type": "function",
+                    "function": {"name": "search", "arguments": '{"query": "summer"}'},
+                }
+            ],
+        },
+        {"role": "tool", "content": '{"hits": ["p. 4"]}', "tool_call_id": "call_abc123"},
+    ]
+
+
+# --- failover --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fault", "outcome", "http_status"),
+    [
+        (
+            {"action": "status", "status": 429, "retry_after": 2},
+            "ATTEMPT_OUTCOME_RATE_LIMITED",
+            429,
+        ),
+        ({"action": "status", "status": 500}, "ATTEMPT_OUTCOME_SERVER_ERROR", 500),
+        ({"action": "status", "status": 503}, "ATTEMPT_OUTCOME_SERVER_ERROR", 503),
+        ({"action": "hang", "seconds": 30}, "ATTEMPT_OUTCOME_TIMEOUT", 0),
+        ({"action": "malformed"}, "ATTEMPT_OUTCOME_MALFORMED_RESPONSE", 200),
+    ],
+    ids=["429", "500", "503", "hang", "malformed"],
+)
+def test_a_retryable_fault_fails_over_to_the_next_provider(
+    stub: gateway_pb2_grpc.GatewayServiceStub,
+    vendors: Vendors,
+    metadata: Metadata,
+    fault: dict[str, Any],
+    outcome: str,
+    http_status: int,
+) -> None:
+    vendors.alpha.script(fault)
+    vendors.beta.script({"action": "answer", "content": "From beta."})
+
+    response = stub.Chat(chat_request(), metadata=metadata, timeout=10)
+
+    assert response.message.content == "From beta."
+    assert (response.provider, response.model) == ("beta", "beta-balanced")
+    assert outcomes(response) == [
+        ("alpha", outcome, http_status),
+        ("beta", "ATTEMPT_OUTCOME_OK", 200),
+    ]
+    assert ALPHA_KEY not in response.attempts[0].detail
+    assert len(vendors.beta.requests()) == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [
+        (400, grpc.StatusCode.INVALID_ARGUMENT),
+        (404, grpc.StatusCode.INVALID_ARGUMENT),
+        (401, grpc.StatusCode.FAILED_PRECONDITION),
+        (403, grpc.StatusCode.FAILED_PRECONDITION),
+    ],
+)
+def test_a_client_error_is_returned_as_is_without_failover(
+    stub: gateway_pb2_grpc.GatewayServiceStub,
+    vendors: Vendors,
+    metadata: Metadata,
+    status: int,
+    code: grpc.StatusCode,
+) -> None:
+    vendors.alpha.script(
+        {"action": "status", "status": status, "message": "Invalid value for 'messages'."}
+    )
+
+    error = rpc_error(lambda: stub.Chat(chat_request(), metadata=metadata, timeout=10))
+
+    assert error.code() == code
+    assert f"HTTP {status}" in error.details() and "'alpha'" in error.details()
+    if status in (400, 404):
+        assert "Invalid value for 'messages'." in error.details()
+    assert vendors.beta.requests() == [] and vendors.gamma.requests() == []
+
+
+def test_a_rate_limit_with_tool_calls_in_the_history_is_returned_with_retry_info(
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, metadata: Metadata
+) -> None:
+    vendors.alpha.script({"action": "status", "status": 429, "retry_after": 2})
+
+    error = rpc_error(
+        lambda: stub.Chat(
+            pb.ChatRequest(messages=tool_history(), tier=pb.TIER_BALANCED),
+            metadata=metadata,
+            timeout=10,
+        )
+    )
+
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert retry_delay_seconds(error) == 2.0
+    assert vendors.beta.requests() == []
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        {"action": "status", "status": 500},
+        {"action": "hang", "seconds": 30},
+        {"action": "malformed"},
+    ],
+    ids=["500", "hang", "malformed"],
+)
+def test_an_outage_with_tool_calls_in_the_history_is_unavailable_without_failover(
+    stub: gateway_pb2_grpc.GatewayServiceStub,
+    vendors: Vendors,
+    metadata: Metadata,
+    fault: dict[str, Any],
+) -> None:
+    vendors.alpha.script(fault)
+
+    error = rpc_error(
+        lambda: stub.Chat(
+            pb.ChatRequest(messages=tool_history(), tier=pb.TIER_BALANCED),
+            metadata=metadata,
+            timeout=10,
+        )
+    )
+
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert "'alpha'" in error.details()
+    assert vendors.beta.requests() == []
+
+
+def test_when_every_provider_fails_the_error_lists_each_attempt(
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, metadata: Metadata
+) -> None:
+    vendors.alpha.script({"action": "status", "status": 502})
+    vendors.beta.script({"action": "status", "status": 429})
+    vendors.gamma.script({"action": "malformed"})
+
+    error = rpc_error(lambda: stub.Chat(chat_request(), metadata=metadata, timeout=10))
+
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    details = error.details()
+    assert "all 3 provider attempt(s) failed" in details
+    assert "alpha [alpha-balanced]: SERVER_ERROR HTTP 502" in details
+    assert "beta [beta-balanced]: RATE_LIMITED HTTP 429" in details
+    assert "gamma [gamma-balanced]: MALFORMED_RESPONSE" in details
+    assert ALPHA_KEY not in details
+
+
+def test_when_every_provider_is_rate_limited_the_caller_gets_resource_exhausted(
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, metadata: Metadata
+) -> None:
+    for vendor, seconds in ((vendors.alpha, 7), (vendors.beta, 3), (vendors.gamma, 5)):
+        vendor.script({"action": "status", "status": 429, "retry_after": seconds})
+
+    error = rpc_error(lambda: stub.Chat(chat_request(), metadata=metadata, timeout=10))
+
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert retry_delay_seconds(error) == 3.0
+
+
+# --- streaming -------------------------------------------------------------------
+
+
+def stream_events(
+    stub: gateway_pb2_grpc.GatewayServiceStub, request: gateway_pb2.ChatRequest, metadata: Metadata
+) -> tuple[list[str], gateway_pb2.ChatResponse | None, grpc.RpcError | None]:
+    deltas: list[str] = []
+    done = None
+    try:
+        for event in stub.ChatStream(
+            pb.ChatStreamRequest(chat=request), metadata=metadata, timeout=10
+        ):
+            if event.HasField("done"):
+                done = event.done
+            else:
+                deltas.append(event.content_delta)
+    except grpc.RpcError as exc:
+        return deltas, done, exc
+    return deltas, done, None
+
+
+def test_streamed_deltas_assemble_to_the_answer_and_end_with_done(
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, metadata: Metadata
+) -> None:
+    answer = "Paris is the capital of France, on the Seine, with about two million people."
+    vendors.alpha.script({"action": "answer", "content": answer})
+
+    deltas, done, error = stream_events(stub, chat_request(), metadata)
+
+    assert error is None
+    assert len(deltas) > 1 and "".join(deltas) == answer
+    assert done is not None and done.message.content == answer
+    assert (done.provider, done.model, done.finish_reason) == ("alpha", "alpha-balanced", "stop")
+    assert done.usage.completion_tokens > 0
+    assert outcomes(done) == [("alpha", "ATTEMPT_OUTCOME_OK", 200)]
+    (sent,) = vendors.alpha.requests()
+    assert sent["body"]["stream"] is True
+
+
+def test_a_streamed_tool_call_is_assembled_in_done(
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, metadata: Metadata
+) -> None:
+    vendors.alpha.script(
+        {"action": "tool_call", "name": "search", "arguments": {"query": "summer prices", "k": 10}}
+    )
+
+    deltas, done, error = stream_events(
+        stub,
+        chat_request(
+            tools=[
+                pb.ToolDefinition(name="search", parameters_json_schema=json.dumps(SEARCH_SCHEMA))
+            ]
+        ),
+        metadata,
+    )
+
+    assert error is None and deltas == []
+    assert done is not None and done.finish_reason == "tool_calls"
+    (call,) = done.message.tool_calls
+    assert (call.name, call.arguments_json) == ("search", '{"query":"summer prices","k":10}')
+
+
+@pytest.mark.parametrize(
+    ("fault", "outcome"),
+    [
+        ({"action": "status", "status": 429}, "ATTEMPT_OUTCOME_RATE_LIMITED"),
+        ({"action": "cut_stream", "after_chunks": 0}, "ATTEMPT_OUTCOME_STREAM_CUT"),
+        ({"action": "malformed"}, "ATTEMPT_OUTCOME_MALFORMED_RESPONSE"),
+        ({"action": "hang", "seconds": 30}, "ATTEMPT_OUTCOME_TIMEOUT"),
+    ],
+    ids=["429", "cut-before-content", "malformed", "hang"],
+)
+def test_a_stream_fails_over_while_no_content_was_sent(
+    stub: gateway_pb2_grpc.GatewayServiceStub,
+    vendors: Vendors,
+    metadata: Metadata,
+    fault: dict[str, Any],
+    outcome: str,
+) -> None:
+    vendors.alpha.script(fault)
+    vendors.beta.script({"action": "answer", "content": "From beta, streamed."})
+
+    deltas, done, error = stream_events(stub, chat_request(), metadata)
+
+    assert error is None
+    assert "".join(deltas) == "From beta, streamed."
+    assert done is not None and done.provider == "beta"
+    assert [a[:2] for a in outcomes(done)] == [("alpha", outcome), ("beta", "ATTEMPT_OUTCOME_OK")]
+
+
+def test_a_stream_cut_after_content_ends_with_an_error_not_a_clean_finish(
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, metadata: Metadata
+) -> None:
+    vendors.alpha.script({"action": "cut_stream", "after_chunks": 2})
+    vendors.beta.script({"action": "answer", "content": "From beta."})
+
+    deltas, done, error = stream_events(stub, chat_request(), metadata)
+
+    assert deltas, "some content arrived before the cut"
+    assert done is None
+    assert error is not None and error.code() == grpc.StatusCode.UNAVAILABLE
+    assert "stream from provider 'alpha' cut after content was sent" in error.details()
+    assert vendors.beta.requests() == []
+
+
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [
+        ({"action": "status", "status": 429, "retry_after": 3}, grpc.StatusCode.RESOURCE_EXHAUSTED),
+        ({"action": "status", "status": 502}, grpc.StatusCode.UNAVAILABLE),
+        ({"action": "cut_stream", "after_chunks": 0}, grpc.StatusCode.UNAVAILABLE),
+        ({"action": "malformed"}, grpc.StatusCode.UNAVAILABLE),
+    ],
+    ids=["429", "502", "cut-before-content", "malformed"],
+)
+def test_a_stream_with_tool_calls_in_the_history_returns_the_fault_without_failover(
+    stub: gateway_pb2_grpc.GatewayServiceStub,
+    vendors: Vendors,
+    metadata: Metadata,
+    fault: dict[str, Any],
+    code: grpc.StatusCode,
+) -> None:
+    vendors.alpha.script(fault)
+
+    deltas, done, error = stream_events(
+        stub, pb.ChatRequest(messages=tool_history(), tier=pb.TIER_BALANCED), metadata
+    )
+
+    assert deltas == [] and done is None
+    assert error is not None and error.code() == code
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        assert retry_delay_seconds(error) == 3.0
+    assert vendors.beta.requests() == []
+
+
+# --- budgets ---------------------------------------------------------------------
+
+
+def test_a_call_that_cannot_fit_the_run_budget_is_refused_before_anything_is_sent(
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, metadata: Metadata
+) -> None:
+    request = chat_request(run_id=new_run_id(), remaining_budget_tokens=500)  # needs ~1030
+
+    error = rpc_error(lambda: stub.Chat(request, metadata=metadata, timeout=10))
+    stream_error = rpc_error(
+        lambda: list(
+            stub.ChatStream(pb.ChatStreamRequest(chat=request), metadata=metadata, timeout=10)
+        )
+    )
+
+    for refused in (error, stream_error):
+        assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "500 tokens left" in refused.details()
+        assert retry_delay_seconds(refused) is None
+    assert all(v.requests() == [] for v in vendors.all())
+
+
+def test_a_call_that_fits_the_run_budget_is_sent(
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, metadata: Metadata
+) -> None:
+    request = chat_request(run_id=new_run_id(), remaining_budget_tokens=200, max_tokens=100)
+
+    response = stub.Chat(request, metadata=metadata, timeout=10)
+
+    assert response.provider == "alpha"
+
+
+def test_concurrent_calls_of_one_run_cannot_together_pass_its_budget(
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, metadata: Metadata
+) -> None:
+    # Each call needs max_tokens 100 + a few prompt tokens; 250 holds two at a time.
+    vendors.alpha.script(*[{"action": "hang", "seconds": 0.5}] * 6)
+    run_id = new_run_id()
+    request = chat_request("hi", run_id=run_id, remaining_budget_tokens=250, max_tokens=100)
+
+    def call(_: int) -> str:
+        try:
+            stub.Chat(request, metadata=metadata, timeout=10)
+            return "OK"
+        except grpc.RpcError as exc:
+            return exc.code().name
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        results = list(pool.map(call, range(6)))
+
+    sent = len(vendors.alpha.requests()) + len(vendors.beta.requests())
+    assert sent <= 2
+    assert results.count("OK") == sent >= 1
+    assert results.count("RESOURCE_EXHAUSTED") == 6 - sent
+    # Finished calls gave their reservations back.
+    assert stub.Chat(request, metadata=metadata, timeout=10).provider == "alpha"
+
+
+# --- identity, secrets, listing ----------------------------------------------------
+
+
+def test_a_call_without_a_token_is_refused(
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors
+) -> None:
+    error = rpc_error(lambda: stub.Chat(chat_request(), timeout=10))
+
+    assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert all(v.requests() == [] for v in vendors.all())
+
+
+def test_no_api_key_appears_in_the_gateway_log(
+    stub: gateway_pb2_grpc.GatewayServiceStub,
+    vendors: Vendors,
+    metadata: Metadata,
+    gateway: ServiceProcess,
+) -> None:
+    vendors.alpha.script(
+        {"action": "status", "status": 401, "message": f"Incorrect API key provided: {ALPHA_KEY}"},
+        {"action": "status", "status": 400, "message": f"bad request, key was {ALPHA_KEY}"},
+        {"action": "status", "status": 500, "message": f"upstream broke for {ALPHA_KEY}"},
+    )
+    for _ in range(2):
+        error = rpc_error(lambda: stub.Chat(chat_request(), metadata=metadata, timeout=10))
+        assert ALPHA_KEY not in error.details()
+    response = stub.Chat(chat_request(), metadata=metadata, timeout=10)
+    assert ALPHA_KEY not in response.attempts[0].detail
+    assert "[redacted]" in response.attempts[0].detail
+
+    log = gateway.log_text()
+    assert "chat.attempt" in log
+    assert "CAIRN_TEST_ALPHA_KEY" in log  # the variable's name is logged, so the check is live
+    assert ALPHA_KEY not in log
+    assert ALPHA_KEY[:16] not in log
+
+
+def test_models_are_listed_from_the_configuration(
+    stub: gateway_pb2_grpc.GatewayServiceStub, metadata: Metadata
+) -> None:
+    listed = stub.ListModels(pb.ListModelsRequest(), metadata=metadata, timeout=10).models
+
+    by_model = {(m.provider, m.model): list(m.tiers) for m in listed}
+    assert by_model[("alpha", "alpha-deep")] == [pb.TIER_DEEP]
+    assert by_model[("gamma", "shared-deep")] == [pb.TIER_DEEP]
+    assert ("gamma", "gamma-embed") not in by_model
+    assert len(by_model) == 8
+    assert not any(m.offline_demo for m in listed)
+
+
+# --- embeddings --------------------------------------------------------------------
+
+
+def test_embed_with_the_local_model_name_uses_the_local_embedder(
+    stub: gateway_pb2_grpc.GatewayServiceStub, metadata: Metadata
+) -> None:
+    response = stub.Embed(
+        pb.EmbedRequest(
+            texts=["refund policy", "holiday rota"], model="all-MiniLM-L6-v2-onnx-int8"
+        ),
+        metadata=metadata,
+        timeout=60,
+    )
+
+    assert (response.provider, response.dimensions) == ("local", 384)
+    assert [len(e.values) for e in response.embeddings] == [384, 384]
+    norm = sum(v * v for v in response.embeddings[0].values)
+    assert abs(norm - 1.0) < 1e-3
+
+
+def test_embed_goes_to_the_provider_that_serves_the_embedding_model(
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, metadata: Metadata
+) -> None:
+    response = stub.Embed(pb.EmbedRequest(texts=["a", "b", "c"]), metadata=metadata, timeout=10)
+
+    assert (response.provider, response.model) == ("gamma", "gamma-embed")
+    assert len(response.embeddings) == 3
+    (sent,) = vendors.gamma.requests("/v1/embeddings")
+    assert sent["body"] == {"model": "gamma-embed", "input": ["a", "b", "c"]}
+
+
+# --- traces ----------------------------------------------------------------------
+
+
+def test_each_attempt_is_a_chat_span_with_genai_attributes_and_no_prompt_or_key(
+    stub: gateway_pb2_grpc.GatewayServiceStub,
+    vendors: Vendors,
+    metadata: Metadata,
+    span_collector: SpanCollector,
+) -> None:
+    prompt = "Summarise the disciplinary file of employee QZXW-4471 for the board"
+    answer = "The file for QZXW holds two warnings"
+    run_id = new_run_id()
+    vendors.alpha.script({"action": "status", "status": 500})
+    vendors.beta.script({"action": "answer", "content": answer})
+
+    stub.Chat(chat_request(prompt, tier=pb.TIER_FAST, run_id=run_id), metadata=metadata, timeout=10)
+
+    (failed,) = span_collector.wait_for("chat alpha-fast", run_id=run_id)
+    (answered,) = span_collector.wait_for("chat beta-fast", run_id=run_id)
+    assert failed.attributes["gen_ai.operation.name"] == "chat"
+    assert failed.attributes["gen_ai.provider.name"] == "alpha"
+    assert failed.attributes["error.type"] == "SERVER_ERROR"
+    assert failed.attributes["http.response.status_code"] == 500
+    assert answered.attributes["gen_ai.provider.name"] == "beta"
+    assert answered.attributes["gen_ai.request.model"] == "beta-fast"
+    assert answered.attributes["gen_ai.response.model"] == "beta-fast"
+    assert answered.attributes["gen_ai.usage.input_tokens"] == math.ceil(len(prompt) / 4)
+    assert answered.attributes["gen_ai.usage.output_tokens"] == math.ceil(len(answer) / 4)
+    assert answered.attributes["gen_ai.response.finish_reasons"] == ["stop"]
+    everything = "".join(s.raw for s in span_collector.spans())
+    assert "QZXW" not in everything and "disciplinary" not in everything
+    assert ALPHA_KEY not in everything
