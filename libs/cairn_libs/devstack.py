@@ -21,6 +21,7 @@ import grpc
 import yaml
 from google.protobuf import json_format
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
@@ -129,13 +130,15 @@ def _ask(corpus: dict[str, Any], caller: dict[str, Any], issuer: TokenIssuer) ->
             timeout=30,
         )
     state = orchestrator_pb2.RunState.Name(run.state).removeprefix("RUN_STATE_")
-    body = f"[bold]Q:[/] {run.input}\n[bold]A:[/] {run.answer or '(no answer)'}"
+    body = f"[bold]Q:[/] {escape(run.input)}\n[bold]A:[/] {escape(run.answer or '(no answer)')}"
     if run.reason:
-        body += f"\n[red]{state}: {run.reason}[/]"
+        body += f"\n[red]{state}: {escape(run.reason)}[/]"
     if run.citations:
         body += "\n[bold]Citations:[/]"
         for c in run.citations:
-            body += f"\n  [{c.label}] {c.title} — {c.document_id} chars {c.char_start}-{c.char_end}"
+            body += escape(
+                f"\n  [{c.label}] {c.title} — {c.document_id}, chars {c.char_start}-{c.char_end}"
+            )
     else:
         body += "\n[bold]Citations:[/] none"
     console.print(
@@ -144,32 +147,45 @@ def _ask(corpus: dict[str, Any], caller: dict[str, Any], issuer: TokenIssuer) ->
     table = Table(
         title=f"trajectory of {run.run_id} (trace {trajectory.trace_id})", show_lines=False
     )
-    for column in ("#", "step", "name", "span", "what happened"):
-        table.add_column(column)
+    for column in ("#", "step", "name", "span id", "what happened"):
+        table.add_column(column, overflow="fold")
     for step in trajectory.steps:
         detail = json_format.MessageToDict(step.detail)
+        kind = orchestrator_pb2.StepKind.Name(step.kind).removeprefix("STEP_KIND_")
         table.add_row(
             str(step.seq),
-            orchestrator_pb2.StepKind.Name(step.kind).removeprefix("STEP_KIND_"),
+            kind,
             step.name,
             step.span_id,
-            _summarise(detail, step.error.message),
+            escape(_summarise(kind, detail, step.error.message)),
         )
     console.print(table)
 
 
-def _summarise(detail: dict[str, Any], error: str) -> str:
+def _summarise(kind: str, detail: dict[str, Any], error: str) -> str:
+    """One line per step for the terminal; the full record is in GetTrajectory."""
     if error:
         return f"error: {error}"
-    keys = ("mode", "provider", "model", "count", "usage", "truncated", "finish_reason")
-    parts = [
-        f"{k}={json.dumps(detail[k]) if isinstance(detail[k], dict) else detail[k]}"
-        for k in keys
-        if k in detail
-    ]
-    if "results" in detail:
-        parts.append("cites " + ",".join(str(r.get("document_id", "")) for r in detail["results"]))
-    return "; ".join(parts)[:160]
+    if kind == "MEMORY_READ":
+        return f"{int(detail.get('count', 0))} memories, recall mode {detail.get('mode', '?')}"
+    if kind == "RETRIEVAL":
+        docs = ", ".join(f"{r['label']}={r['document_id']}" for r in detail.get("results", []))
+        return f"{detail.get('mode', '?')}: {docs}"
+    if kind == "MODEL_CALL":
+        usage = detail.get("usage", {})
+        calls = ", ".join(c["name"] for c in detail.get("tool_calls", []))
+        wants = f", wants {calls}" if calls else ""
+        return (
+            f"{detail.get('provider')}/{detail.get('model')}: "
+            f"{int(usage.get('prompt_tokens', 0))}+{int(usage.get('completion_tokens', 0))} tokens, "
+            f"{len(detail.get('attempts', []))} attempt(s), finish {detail.get('finish_reason')}{wants}"
+        )
+    if kind == "TOOL_CALL":
+        labels = ",".join(detail.get("labels", []))
+        return f"args {json.dumps(detail.get('arguments'))} -> {labels or 'result'}" + (
+            " (truncated)" if detail.get("truncated") else ""
+        )
+    return json.dumps(detail)[:120]
 
 
 def _grpcurl_help(corpus: dict[str, Any], issuer: TokenIssuer) -> None:

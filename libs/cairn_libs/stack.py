@@ -42,6 +42,11 @@ def start_embedded_postgres(data_dir: Path) -> str:
     The server outlives this process (cleanup_mode=None) so a second `make run`
     or a later test session reuses it; `stop_embedded_postgres` stops it.
     """
+    import warnings
+
+    # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI) and falls
+    # back to /tmp, which is what we want; the warning is noise here.
+    warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
     import pgserver
 
     data_dir.parent.mkdir(parents=True, exist_ok=True)

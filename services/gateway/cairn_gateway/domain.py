@@ -102,6 +102,7 @@ class ChatRequest:
     run_id: str = ""
     remaining_budget_tokens: int | None = None
     temperature: float | None = None
+    pinned_provider: str = ""
 
     @property
     def has_tool_history(self) -> bool:
@@ -185,7 +186,7 @@ def plan_routes(providers: Sequence[ProviderConfig], request: ChatRequest) -> li
                 f"model {request.model!r} is not configured on any provider; configured "
                 f"models: {', '.join(known) or 'none'} (or leave model empty and choose a tier)"
             )
-        return routes
+        return _pin(routes, request)
     tier = request.tier or DEFAULT_TIER
     routes = [
         Route(p.name, model, tier) for p in providers if (model := p.model_for(tier)) is not None
@@ -195,7 +196,21 @@ def plan_routes(providers: Sequence[ProviderConfig], request: ChatRequest) -> li
         raise NoProviderConfigured(
             f"no provider serves tier {tier!r}; configured tiers: {', '.join(served) or 'none'}"
         )
-    return routes
+    return _pin(routes, request)
+
+
+def _pin(routes: list[Route], request: ChatRequest) -> list[Route]:
+    """A conversation holding tool calls goes only to the provider that made them."""
+    if not (request.pinned_provider and request.has_tool_history):
+        return routes
+    pinned = [r for r in routes if r.provider == request.pinned_provider]
+    if not pinned:
+        raise ChatRequestInvalid(
+            f"pinned_provider {request.pinned_provider!r} made the tool calls in this "
+            f"conversation but serves none of the requested models here; configured providers: "
+            f"{', '.join(sorted({r.provider for r in routes})) or 'none'}"
+        )
+    return pinned
 
 
 def list_models(providers: Sequence[ProviderConfig]) -> list[ModelListing]:

@@ -140,6 +140,7 @@ def chat_request_from_proto(
         run_id=_run_id(request.run_id, identity),
         remaining_budget_tokens=budget,
         temperature=temperature,
+        pinned_provider=request.pinned_provider.strip(),
     )
 
 

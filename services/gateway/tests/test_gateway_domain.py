@@ -69,6 +69,30 @@ def test_an_unknown_model_or_an_unserved_tier_is_refused() -> None:
         plan_routes([PROVIDERS[0]], ask(tier="deep"))
 
 
+def with_tool_history(**fields: object) -> ChatRequest:
+    messages = (
+        ChatMessage("user", "hello"),
+        ChatMessage("assistant", "", tool_calls=(ToolCall("call-1", "search_knowledge", "{}"),)),
+        ChatMessage("tool", '{"results": []}', tool_call_id="call-1"),
+    )
+    return ChatRequest(messages=messages, **fields)  # type: ignore[arg-type]
+
+
+def test_a_conversation_with_tool_calls_goes_only_to_the_provider_that_made_them() -> None:
+    routes = plan_routes(PROVIDERS, with_tool_history(tier="balanced", pinned_provider="b"))
+    assert routes == [Route("b", "b-mid", "balanced")]
+
+
+def test_a_pin_without_tool_history_leaves_failover_free() -> None:
+    routes = plan_routes(PROVIDERS, ask(tier="balanced", pinned_provider="b"))
+    assert [r.provider for r in routes] == ["a", "b"]
+
+
+def test_a_pin_to_a_provider_that_cannot_serve_the_request_is_refused() -> None:
+    with pytest.raises(ChatRequestInvalid, match="pinned_provider 'c' made the tool calls"):
+        plan_routes(PROVIDERS, with_tool_history(tier="balanced", pinned_provider="c"))
+
+
 def test_prompt_tokens_are_estimated_at_four_characters_each_including_tool_calls() -> None:
     messages = [
         ChatMessage("user", "x" * 10),

@@ -192,6 +192,7 @@ def memory_to_proto(memory: Memory) -> memory_pb2.Memory:
         ),
         state=_STATES[memory.state],
         score=memory.score,
+        readable=memory.readable,
     )
     for name, moment in (
         ("event_at", memory.event_at),
@@ -209,6 +210,7 @@ def _version_to_proto(version: FactVersion) -> memory_pb2.ProfileFactVersion:
         provenance=_provenance(
             version.author, created_at=version.created_at, expires_at=version.expires_at
         ),
+        readable=version.readable,
     )
 
 
@@ -220,6 +222,7 @@ def fact_to_proto(fact: ProfileFact) -> memory_pb2.ProfileFact:
     )
     if fact.current is not None:
         message.value = fact.current.value
+        message.readable = fact.current.readable
         message.provenance.CopyFrom(_version_to_proto(fact.current).provenance)
     return message
 

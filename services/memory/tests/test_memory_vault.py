@@ -15,6 +15,7 @@ from cairn_memory.clock import FakeClock
 from cairn_memory.domain import BlockDraft, RecallQuery, RememberDraft, Subject, SubjectKind
 from cairn_memory.keeper import MemoryKeeper
 from cairn_memory.postgres import PostgresStore
+from cairn_memory.servicer import fact_to_proto, memory_to_proto
 from cairn_memory.vault import AesGcmVault, PlainVault, StoredText, TextVault, vault_from_key
 
 KEY = os.urandom(32)
@@ -135,5 +136,8 @@ async def test_without_the_key_sealed_text_is_unreadable_and_said_so(
         )
         (fact,) = recalled.profile
         assert fact.current is not None and not fact.current.readable
+        # The caller is told on the wire too, not just handed an empty string.
+        assert memory_to_proto(memory).readable is False
+        assert fact_to_proto(fact).readable is False
         block = await locked.recall_block(block_id, alice.principal)
         assert (block.content, block.readable) == ("", False)

@@ -171,6 +171,8 @@ class ModelRequest:
     max_tokens: int
     run_id: str
     remaining_budget_tokens: int
+    # The provider that made the tool calls already in `messages` (gateway pins to it).
+    pinned_provider: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -520,6 +522,8 @@ class LoopState:
     usage: RunUsage
     next_phase: Phase
     pending_calls: tuple[ToolCallRequest, ...] = ()
+    # Who answered the last model call: a turn holding its tool calls must go back to it.
+    last_provider: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -528,6 +532,7 @@ class LoopState:
             "usage": self.usage.to_json(),
             "next_phase": self.next_phase,
             "pending_calls": [c.to_json() for c in self.pending_calls],
+            "last_provider": self.last_provider,
         }
 
     @classmethod
@@ -543,6 +548,7 @@ class LoopState:
             pending_calls=tuple(
                 ToolCallRequest.from_json(c) for c in value.get("pending_calls", ())
             ),
+            last_provider=str(value.get("last_provider", "")),
         )
 
 

@@ -205,6 +205,7 @@ def model_request(
         max_tokens=max(1, min(max_completion_tokens, remaining)),
         run_id=run_id,
         remaining_budget_tokens=remaining,
+        pinned_provider=state.last_provider,
     )
 
 
@@ -218,6 +219,7 @@ def after_model_reply(state: LoopState, reply: ModelReply) -> LoopState:
         usage=state.usage.plus(reply.usage),
         next_phase="execute_tools" if reply.message.tool_calls else "finished",
         pending_calls=reply.message.tool_calls,
+        last_provider=reply.provider,
     )
 
 

@@ -110,6 +110,7 @@ def chat_request_to_proto(request: ModelRequest) -> gateway_pb2.ChatRequest:
         max_tokens=request.max_tokens,
         run_id=request.run_id,
         remaining_budget_tokens=request.remaining_budget_tokens,
+        pinned_provider=request.pinned_provider,
     )
 
 

@@ -343,3 +343,13 @@ def test_a_chunk_found_again_keeps_its_first_label_and_new_ones_continue() -> No
     assert [
         e.label for e in replace(LoopState((), book.entries, RunUsage(), "call_model")).knowledge
     ] == ["S1", "S2", "S3"]
+
+
+def test_the_turn_after_tool_calls_is_pinned_to_the_provider_that_made_them() -> None:
+    state, _ = planned_after(tool_calls(("search_knowledge", '{"query":"leave"}')))
+    request = model_request(
+        state, spec=handbook_spec(), registry=registry_with_write_tool(), run_id="run_1"
+    )
+    assert state.last_provider
+    assert request.pinned_provider == state.last_provider
+    assert LoopState.from_json(state.to_json()).last_provider == state.last_provider

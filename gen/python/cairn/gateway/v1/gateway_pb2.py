@@ -26,7 +26,7 @@ from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63\x61irn/gateway/v1/gateway.proto\x12\x10\x63\x61irn.gateway.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\"<\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\"\x9b\x01\n\x07Message\x12+\n\x04role\x18\x01 \x01(\x0e\x32\x1d.cairn.gateway.v1.MessageRole\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12.\n\ntool_calls\x18\x03 \x03(\x0b\x32\x1a.cairn.gateway.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\"S\n\x0eToolDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x1e\n\x16parameters_json_schema\x18\x03 \x01(\t\"O\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x03\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x03\"\xae\x01\n\x07\x41ttempt\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x31\n\x07outcome\x18\x03 \x01(\x0e\x32 .cairn.gateway.v1.AttemptOutcome\x12\x13\n\x0bhttp_status\x18\x04 \x01(\x05\x12*\n\x07latency\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t\"\xb0\x02\n\x0b\x43hatRequest\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.cairn.gateway.v1.Message\x12/\n\x05tools\x18\x02 \x03(\x0b\x32 .cairn.gateway.v1.ToolDefinition\x12$\n\x04tier\x18\x03 \x01(\x0e\x32\x16.cairn.gateway.v1.Tier\x12\r\n\x05model\x18\x04 \x01(\t\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x0e\n\x06run_id\x18\x06 \x01(\t\x12$\n\x17remaining_budget_tokens\x18\x07 \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x08 \x01(\x01H\x01\x88\x01\x01\x42\x1a\n\x18_remaining_budget_tokensB\x0e\n\x0c_temperature\"\xc7\x01\n\x0c\x43hatResponse\x12*\n\x07message\x18\x01 \x01(\x0b\x32\x19.cairn.gateway.v1.Message\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12&\n\x05usage\x18\x03 \x01(\x0b\x32\x17.cairn.gateway.v1.Usage\x12\x10\n\x08provider\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12+\n\x08\x61ttempts\x18\x06 \x03(\x0b\x32\x19.cairn.gateway.v1.Attempt\"@\n\x11\x43hatStreamRequest\x12+\n\x04\x63hat\x18\x01 \x01(\x0b\x32\x1d.cairn.gateway.v1.ChatRequest\"Y\n\x12\x43hatStreamResponse\x12\x15\n\rcontent_delta\x18\x01 \x01(\t\x12,\n\x04\x64one\x18\x02 \x01(\x0b\x32\x1e.cairn.gateway.v1.ChatResponse\",\n\x0c\x45mbedRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\r\n\x05model\x18\x02 \x01(\t\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"u\n\rEmbedResponse\x12/\n\nembeddings\x18\x01 \x03(\x0b\x32\x1b.cairn.gateway.v1.Embedding\x12\x10\n\x08provider\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x12\n\ndimensions\x18\x04 \x01(\x05\"\x13\n\x11ListModelsRequest\"i\n\tModelInfo\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12%\n\x05tiers\x18\x03 \x03(\x0e\x32\x16.cairn.gateway.v1.Tier\x12\x14\n\x0coffline_demo\x18\x04 \x01(\x08\"A\n\x12ListModelsResponse\x12+\n\x06models\x18\x01 \x03(\x0b\x32\x1b.cairn.gateway.v1.ModelInfo*M\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\r\n\tTIER_FAST\x10\x01\x12\x11\n\rTIER_BALANCED\x10\x02\x12\r\n\tTIER_DEEP\x10\x03*\x8e\x01\n\x0bMessageRole\x12\x1c\n\x18MESSAGE_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13MESSAGE_ROLE_SYSTEM\x10\x01\x12\x15\n\x11MESSAGE_ROLE_USER\x10\x02\x12\x1a\n\x16MESSAGE_ROLE_ASSISTANT\x10\x03\x12\x15\n\x11MESSAGE_ROLE_TOOL\x10\x04*\x85\x03\n\x0e\x41ttemptOutcome\x12\x1f\n\x1b\x41TTEMPT_OUTCOME_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41TTEMPT_OUTCOME_OK\x10\x01\x12 \n\x1c\x41TTEMPT_OUTCOME_RATE_LIMITED\x10\x02\x12 \n\x1c\x41TTEMPT_OUTCOME_SERVER_ERROR\x10\x03\x12\x1b\n\x17\x41TTEMPT_OUTCOME_TIMEOUT\x10\x04\x12$\n ATTEMPT_OUTCOME_CONNECTION_ERROR\x10\x05\x12 \n\x1c\x41TTEMPT_OUTCOME_CLIENT_ERROR\x10\x06\x12&\n\"ATTEMPT_OUTCOME_MALFORMED_RESPONSE\x10\x07\x12\x1e\n\x1a\x41TTEMPT_OUTCOME_STREAM_CUT\x10\x08\x12$\n ATTEMPT_OUTCOME_SKIPPED_COOLDOWN\x10\t\x12#\n\x1f\x41TTEMPT_OUTCOME_REFUSED_CEILING\x10\n2\xd0\x03\n\x0eGatewayService\x12\x62\n\x04\x43hat\x12\x1d.cairn.gateway.v1.ChatRequest\x1a\x1e.cairn.gateway.v1.ChatResponse\"\x1b\x82\xd3\xe4\x93\x02\x15\"\x10/v1/gateway/chat:\x01*\x12}\n\nChatStream\x12#.cairn.gateway.v1.ChatStreamRequest\x1a$.cairn.gateway.v1.ChatStreamResponse\"\"\x82\xd3\xe4\x93\x02\x1c\"\x17/v1/gateway/chat:stream:\x01*0\x01\x12\x66\n\x05\x45mbed\x12\x1e.cairn.gateway.v1.EmbedRequest\x1a\x1f.cairn.gateway.v1.EmbedResponse\"\x1c\x82\xd3\xe4\x93\x02\x16\"\x11/v1/gateway/embed:\x01*\x12s\n\nListModels\x12#.cairn.gateway.v1.ListModelsRequest\x1a$.cairn.gateway.v1.ListModelsResponse\"\x1a\x82\xd3\xe4\x93\x02\x14\x12\x12/v1/gateway/modelsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63\x61irn/gateway/v1/gateway.proto\x12\x10\x63\x61irn.gateway.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1egoogle/protobuf/duration.proto\"<\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x03 \x01(\t\"\x9b\x01\n\x07Message\x12+\n\x04role\x18\x01 \x01(\x0e\x32\x1d.cairn.gateway.v1.MessageRole\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12.\n\ntool_calls\x18\x03 \x03(\x0b\x32\x1a.cairn.gateway.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12\x0c\n\x04name\x18\x05 \x01(\t\"S\n\x0eToolDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x1e\n\x16parameters_json_schema\x18\x03 \x01(\t\"O\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x03\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x03\"\xae\x01\n\x07\x41ttempt\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x31\n\x07outcome\x18\x03 \x01(\x0e\x32 .cairn.gateway.v1.AttemptOutcome\x12\x13\n\x0bhttp_status\x18\x04 \x01(\x05\x12*\n\x07latency\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t\"\xc9\x02\n\x0b\x43hatRequest\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.cairn.gateway.v1.Message\x12/\n\x05tools\x18\x02 \x03(\x0b\x32 .cairn.gateway.v1.ToolDefinition\x12$\n\x04tier\x18\x03 \x01(\x0e\x32\x16.cairn.gateway.v1.Tier\x12\r\n\x05model\x18\x04 \x01(\t\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x0e\n\x06run_id\x18\x06 \x01(\t\x12$\n\x17remaining_budget_tokens\x18\x07 \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x08 \x01(\x01H\x01\x88\x01\x01\x12\x17\n\x0fpinned_provider\x18\t \x01(\tB\x1a\n\x18_remaining_budget_tokensB\x0e\n\x0c_temperature\"\xc7\x01\n\x0c\x43hatResponse\x12*\n\x07message\x18\x01 \x01(\x0b\x32\x19.cairn.gateway.v1.Message\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12&\n\x05usage\x18\x03 \x01(\x0b\x32\x17.cairn.gateway.v1.Usage\x12\x10\n\x08provider\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12+\n\x08\x61ttempts\x18\x06 \x03(\x0b\x32\x19.cairn.gateway.v1.Attempt\"@\n\x11\x43hatStreamRequest\x12+\n\x04\x63hat\x18\x01 \x01(\x0b\x32\x1d.cairn.gateway.v1.ChatRequest\"Y\n\x12\x43hatStreamResponse\x12\x15\n\rcontent_delta\x18\x01 \x01(\t\x12,\n\x04\x64one\x18\x02 \x01(\x0b\x32\x1e.cairn.gateway.v1.ChatResponse\",\n\x0c\x45mbedRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\r\n\x05model\x18\x02 \x01(\t\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"u\n\rEmbedResponse\x12/\n\nembeddings\x18\x01 \x03(\x0b\x32\x1b.cairn.gateway.v1.Embedding\x12\x10\n\x08provider\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x12\n\ndimensions\x18\x04 \x01(\x05\"\x13\n\x11ListModelsRequest\"i\n\tModelInfo\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12%\n\x05tiers\x18\x03 \x03(\x0e\x32\x16.cairn.gateway.v1.Tier\x12\x14\n\x0coffline_demo\x18\x04 \x01(\x08\"A\n\x12ListModelsResponse\x12+\n\x06models\x18\x01 \x03(\x0b\x32\x1b.cairn.gateway.v1.ModelInfo*M\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\r\n\tTIER_FAST\x10\x01\x12\x11\n\rTIER_BALANCED\x10\x02\x12\r\n\tTIER_DEEP\x10\x03*\x8e\x01\n\x0bMessageRole\x12\x1c\n\x18MESSAGE_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13MESSAGE_ROLE_SYSTEM\x10\x01\x12\x15\n\x11MESSAGE_ROLE_USER\x10\x02\x12\x1a\n\x16MESSAGE_ROLE_ASSISTANT\x10\x03\x12\x15\n\x11MESSAGE_ROLE_TOOL\x10\x04*\x85\x03\n\x0e\x41ttemptOutcome\x12\x1f\n\x1b\x41TTEMPT_OUTCOME_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41TTEMPT_OUTCOME_OK\x10\x01\x12 \n\x1c\x41TTEMPT_OUTCOME_RATE_LIMITED\x10\x02\x12 \n\x1c\x41TTEMPT_OUTCOME_SERVER_ERROR\x10\x03\x12\x1b\n\x17\x41TTEMPT_OUTCOME_TIMEOUT\x10\x04\x12$\n ATTEMPT_OUTCOME_CONNECTION_ERROR\x10\x05\x12 \n\x1c\x41TTEMPT_OUTCOME_CLIENT_ERROR\x10\x06\x12&\n\"ATTEMPT_OUTCOME_MALFORMED_RESPONSE\x10\x07\x12\x1e\n\x1a\x41TTEMPT_OUTCOME_STREAM_CUT\x10\x08\x12$\n ATTEMPT_OUTCOME_SKIPPED_COOLDOWN\x10\t\x12#\n\x1f\x41TTEMPT_OUTCOME_REFUSED_CEILING\x10\n2\xd0\x03\n\x0eGatewayService\x12\x62\n\x04\x43hat\x12\x1d.cairn.gateway.v1.ChatRequest\x1a\x1e.cairn.gateway.v1.ChatResponse\"\x1b\x82\xd3\xe4\x93\x02\x15\"\x10/v1/gateway/chat:\x01*\x12}\n\nChatStream\x12#.cairn.gateway.v1.ChatStreamRequest\x1a$.cairn.gateway.v1.ChatStreamResponse\"\"\x82\xd3\xe4\x93\x02\x1c\"\x17/v1/gateway/chat:stream:\x01*0\x01\x12\x66\n\x05\x45mbed\x12\x1e.cairn.gateway.v1.EmbedRequest\x1a\x1f.cairn.gateway.v1.EmbedResponse\"\x1c\x82\xd3\xe4\x93\x02\x16\"\x11/v1/gateway/embed:\x01*\x12s\n\nListModels\x12#.cairn.gateway.v1.ListModelsRequest\x1a$.cairn.gateway.v1.ListModelsResponse\"\x1a\x82\xd3\xe4\x93\x02\x14\x12\x12/v1/gateway/modelsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,12 +41,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GATEWAYSERVICE'].methods_by_name['Embed']._serialized_options = b'\202\323\344\223\002\026\"\021/v1/gateway/embed:\001*'
   _globals['_GATEWAYSERVICE'].methods_by_name['ListModels']._loaded_options = None
   _globals['_GATEWAYSERVICE'].methods_by_name['ListModels']._serialized_options = b'\202\323\344\223\002\024\022\022/v1/gateway/models'
-  _globals['_TIER']._serialized_start=1732
-  _globals['_TIER']._serialized_end=1809
-  _globals['_MESSAGEROLE']._serialized_start=1812
-  _globals['_MESSAGEROLE']._serialized_end=1954
-  _globals['_ATTEMPTOUTCOME']._serialized_start=1957
-  _globals['_ATTEMPTOUTCOME']._serialized_end=2346
+  _globals['_TIER']._serialized_start=1757
+  _globals['_TIER']._serialized_end=1834
+  _globals['_MESSAGEROLE']._serialized_start=1837
+  _globals['_MESSAGEROLE']._serialized_end=1979
+  _globals['_ATTEMPTOUTCOME']._serialized_start=1982
+  _globals['_ATTEMPTOUTCOME']._serialized_end=2371
   _globals['_TOOLCALL']._serialized_start=114
   _globals['_TOOLCALL']._serialized_end=174
   _globals['_MESSAGE']._serialized_start=177
@@ -58,25 +58,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ATTEMPT']._serialized_start=501
   _globals['_ATTEMPT']._serialized_end=675
   _globals['_CHATREQUEST']._serialized_start=678
-  _globals['_CHATREQUEST']._serialized_end=982
-  _globals['_CHATRESPONSE']._serialized_start=985
-  _globals['_CHATRESPONSE']._serialized_end=1184
-  _globals['_CHATSTREAMREQUEST']._serialized_start=1186
-  _globals['_CHATSTREAMREQUEST']._serialized_end=1250
-  _globals['_CHATSTREAMRESPONSE']._serialized_start=1252
-  _globals['_CHATSTREAMRESPONSE']._serialized_end=1341
-  _globals['_EMBEDREQUEST']._serialized_start=1343
-  _globals['_EMBEDREQUEST']._serialized_end=1387
-  _globals['_EMBEDDING']._serialized_start=1389
-  _globals['_EMBEDDING']._serialized_end=1416
-  _globals['_EMBEDRESPONSE']._serialized_start=1418
-  _globals['_EMBEDRESPONSE']._serialized_end=1535
-  _globals['_LISTMODELSREQUEST']._serialized_start=1537
-  _globals['_LISTMODELSREQUEST']._serialized_end=1556
-  _globals['_MODELINFO']._serialized_start=1558
-  _globals['_MODELINFO']._serialized_end=1663
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1665
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1730
-  _globals['_GATEWAYSERVICE']._serialized_start=2349
-  _globals['_GATEWAYSERVICE']._serialized_end=2813
+  _globals['_CHATREQUEST']._serialized_end=1007
+  _globals['_CHATRESPONSE']._serialized_start=1010
+  _globals['_CHATRESPONSE']._serialized_end=1209
+  _globals['_CHATSTREAMREQUEST']._serialized_start=1211
+  _globals['_CHATSTREAMREQUEST']._serialized_end=1275
+  _globals['_CHATSTREAMRESPONSE']._serialized_start=1277
+  _globals['_CHATSTREAMRESPONSE']._serialized_end=1366
+  _globals['_EMBEDREQUEST']._serialized_start=1368
+  _globals['_EMBEDREQUEST']._serialized_end=1412
+  _globals['_EMBEDDING']._serialized_start=1414
+  _globals['_EMBEDDING']._serialized_end=1441
+  _globals['_EMBEDRESPONSE']._serialized_start=1443
+  _globals['_EMBEDRESPONSE']._serialized_end=1560
+  _globals['_LISTMODELSREQUEST']._serialized_start=1562
+  _globals['_LISTMODELSREQUEST']._serialized_end=1581
+  _globals['_MODELINFO']._serialized_start=1583
+  _globals['_MODELINFO']._serialized_end=1688
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1690
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1755
+  _globals['_GATEWAYSERVICE']._serialized_start=2374
+  _globals['_GATEWAYSERVICE']._serialized_end=2838
 # @@protoc_insertion_point(module_scope)

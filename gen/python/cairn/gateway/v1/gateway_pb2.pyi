@@ -257,6 +257,7 @@ class ChatRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     REMAINING_BUDGET_TOKENS_FIELD_NUMBER: _builtins.int
     TEMPERATURE_FIELD_NUMBER: _builtins.int
+    PINNED_PROVIDER_FIELD_NUMBER: _builtins.int
     tier: Global___Tier.ValueType
     """Either a tier or an explicit model; a model wins when both are set."""
     model: _builtins.str
@@ -266,6 +267,10 @@ class ChatRequest(_message.Message):
     remaining_budget_tokens: _builtins.int
     """The run's remaining token budget; unset means no run budget applies."""
     temperature: _builtins.float
+    pinned_provider: _builtins.str
+    """The provider that made the tool calls already in `messages`. Such a
+    conversation is sent to that provider only: tool-call metadata cannot travel.
+    """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___Message]: ...
     @_builtins.property
@@ -281,10 +286,11 @@ class ChatRequest(_message.Message):
         run_id: _builtins.str = ...,
         remaining_budget_tokens: _builtins.int | None = ...,
         temperature: _builtins.float | None = ...,
+        pinned_provider: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_remaining_budget_tokens", b"_remaining_budget_tokens", "_temperature", b"_temperature", "remaining_budget_tokens", b"remaining_budget_tokens", "temperature", b"temperature"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_remaining_budget_tokens", b"_remaining_budget_tokens", "_temperature", b"_temperature", "max_tokens", b"max_tokens", "messages", b"messages", "model", b"model", "remaining_budget_tokens", b"remaining_budget_tokens", "run_id", b"run_id", "temperature", b"temperature", "tier", b"tier", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_remaining_budget_tokens", b"_remaining_budget_tokens", "_temperature", b"_temperature", "max_tokens", b"max_tokens", "messages", b"messages", "model", b"model", "pinned_provider", b"pinned_provider", "remaining_budget_tokens", b"remaining_budget_tokens", "run_id", b"run_id", "temperature", b"temperature", "tier", b"tier", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__remaining_budget_tokens: _TypeAlias = _typing.Literal["remaining_budget_tokens"]  # noqa: Y015
     _WhichOneofArgType__remaining_budget_tokens: _TypeAlias = _typing.Literal["_remaining_budget_tokens", b"_remaining_budget_tokens"]  # noqa: Y015

@@ -212,6 +212,7 @@ class Memory(_message.Message):
     PROVENANCE_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     SCORE_FIELD_NUMBER: _builtins.int
+    READABLE_FIELD_NUMBER: _builtins.int
     memory_id: _builtins.str
     text: _builtins.str
     importance: _builtins.int
@@ -219,6 +220,8 @@ class Memory(_message.Message):
     state: Global___MemoryState.ValueType
     score: _builtins.float
     """Similarity to the query for SEMANTIC recall; 0 otherwise."""
+    readable: _builtins.bool
+    """False when the text is sealed at rest and this deployment holds no key."""
     @_builtins.property
     def subject(self) -> Global___Subject: ...
     @_builtins.property
@@ -246,10 +249,11 @@ class Memory(_message.Message):
         provenance: Global___Provenance | None = ...,
         state: Global___MemoryState.ValueType = ...,
         score: _builtins.float = ...,
+        readable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["event_at", b"event_at", "provenance", b"provenance", "subject", b"subject", "valid_from", b"valid_from", "valid_until", b"valid_until"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim_type", b"claim_type", "event_at", b"event_at", "importance", b"importance", "memory_id", b"memory_id", "provenance", b"provenance", "score", b"score", "state", b"state", "subject", b"subject", "tags", b"tags", "text", b"text", "valid_from", b"valid_from", "valid_until", b"valid_until"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim_type", b"claim_type", "event_at", b"event_at", "importance", b"importance", "memory_id", b"memory_id", "provenance", b"provenance", "readable", b"readable", "score", b"score", "state", b"state", "subject", b"subject", "tags", b"tags", "text", b"text", "valid_from", b"valid_from", "valid_until", b"valid_until"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -340,7 +344,9 @@ class ProfileFactVersion(_message.Message):
 
     VALUE_FIELD_NUMBER: _builtins.int
     PROVENANCE_FIELD_NUMBER: _builtins.int
+    READABLE_FIELD_NUMBER: _builtins.int
     value: _builtins.str
+    readable: _builtins.bool
     @_builtins.property
     def provenance(self) -> Global___Provenance: ...
     def __init__(
@@ -348,10 +354,11 @@ class ProfileFactVersion(_message.Message):
         *,
         value: _builtins.str = ...,
         provenance: Global___Provenance | None = ...,
+        readable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["provenance", b"provenance"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["provenance", b"provenance", "value", b"value"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["provenance", b"provenance", "readable", b"readable", "value", b"value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -366,8 +373,11 @@ class ProfileFact(_message.Message):
     VALUE_FIELD_NUMBER: _builtins.int
     PROVENANCE_FIELD_NUMBER: _builtins.int
     HISTORY_FIELD_NUMBER: _builtins.int
+    READABLE_FIELD_NUMBER: _builtins.int
     fact_key: _builtins.str
     value: _builtins.str
+    readable: _builtins.bool
+    """False when the value is sealed at rest and this deployment holds no key."""
     @_builtins.property
     def subject(self) -> Global___Subject: ...
     @_builtins.property
@@ -384,10 +394,11 @@ class ProfileFact(_message.Message):
         value: _builtins.str = ...,
         provenance: Global___Provenance | None = ...,
         history: _abc.Iterable[Global___ProfileFactVersion] | None = ...,
+        readable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["provenance", b"provenance", "subject", b"subject"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fact_key", b"fact_key", "history", b"history", "provenance", b"provenance", "subject", b"subject", "value", b"value"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fact_key", b"fact_key", "history", b"history", "provenance", b"provenance", "readable", b"readable", "subject", b"subject", "value", b"value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

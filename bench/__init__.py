@@ -1,0 +1,1 @@
+"""cairn's benchmarks: `make bench` prints a table and writes bench/results.json."""

@@ -1,0 +1,95 @@
+"""The orchestration cost of one agent run across all four services, with the
+offline model answering instantly: one memory recall, one retrieval, two model
+calls (a search_knowledge tool call, then the answer)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import yaml
+
+from bench.figures import Figure, percentile
+from bench.harness import bench_stack
+from cairn.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+from cairn.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
+from cairn_libs.clients import call_metadata, channel
+from cairn_libs.stack import REPO_ROOT
+
+
+async def run_orchestration(*, quick: bool = False) -> list[Figure]:
+    n = 20 if quick else 100
+    sustain_seconds = 10.0 if quick else 60.0
+    corpus = yaml.safe_load((REPO_ROOT / "demo" / "handbook.yaml").read_text())
+    with bench_stack(("gateway", "retrieval", "memory", "orchestrator")) as stack:
+        org = f"bench-{int(time.time())}"
+        ingester = call_metadata(
+            stack.issuer.caller_token(org_id=org, user_id="docs-bot", roles=["ingester"])
+        )
+        ch = channel(stack.addresses["retrieval"])
+        documents = [
+            retrieval_pb2.Document(
+                document_id=d["id"],
+                source=corpus["source"],
+                title=d["title"],
+                text=d["text"],
+                acl=retrieval_pb2.Acl(**d["acl"]),
+            )
+            for d in corpus["documents"]
+        ]
+        async for _ in retrieval_pb2_grpc.RetrievalServiceStub(ch).IngestDocuments(
+            retrieval_pb2.IngestDocumentsRequest(documents=documents),
+            metadata=ingester,
+            timeout=300,
+        ):
+            pass
+        await ch.close()
+
+        metadata = call_metadata(
+            stack.issuer.caller_token(org_id=org, user_id="maria", roles=["manager"])
+        )
+        orch = channel(stack.addresses["orchestrator"])
+        stub = orchestrator_pb2_grpc.OrchestratorServiceStub(orch)
+        request = orchestrator_pb2.StartRunRequest(agent="handbook", input=corpus["question"])
+
+        async def one_run() -> bool:
+            try:
+                run = (await stub.StartRun(request, metadata=metadata, timeout=60)).run
+            except grpc.aio.AioRpcError:
+                return False
+            return run.state == orchestrator_pb2.RUN_STATE_COMPLETED
+
+        for _ in range(5):
+            await one_run()
+        samples = []
+        for _ in range(n):
+            started = time.perf_counter()
+            ok = await one_run()
+            samples.append((time.perf_counter() - started) * 1000)
+            if not ok:
+                raise RuntimeError("a benchmark run did not complete; see state/bench/logs")
+
+        completed = errors = 0
+        deadline = time.monotonic() + sustain_seconds
+
+        async def runner() -> None:
+            nonlocal completed, errors
+            while time.monotonic() < deadline:
+                if await one_run():
+                    completed += 1
+                else:
+                    errors += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(runner() for _ in range(50)))
+        elapsed = time.perf_counter() - started
+        await orch.close()
+    seq = {"runs": n, "model_calls_per_run": 2, "retrievals": 1, "memory_recalls": 1}
+    sustained = {"concurrency": 50, "seconds": sustain_seconds}
+    return [
+        Figure("run.orchestration.p50", percentile(samples, 50), "ms", seq),
+        Figure("run.orchestration.p99", percentile(samples, 99), "ms", seq),
+        Figure("run.sustained.runs_per_second", completed / elapsed, "runs/s", sustained),
+        Figure("run.sustained.errors", float(errors), "runs", sustained),
+    ]
