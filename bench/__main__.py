@@ -8,21 +8,34 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import platform
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from bench.figures import Figure
-from bench.gateway_overhead import run_gateway_overhead
-from bench.run_latency import run_orchestration
 
 RESULTS = Path(__file__).parent / "results.json"
-SUITES = {"gateway": run_gateway_overhead, "run": run_orchestration}
+# suite name -> "module:function"; each function is `async def (*, quick: bool) -> list[Figure]`.
+SUITES = {
+    "gateway": "bench.gateway_overhead:run_gateway_overhead",
+    "retrieval": "bench.retrieval_search:run_retrieval",
+    "memory": "bench.memory_recall:run_memory",
+    "run": "bench.run_latency:run_orchestration",
+}
+
+
+def _suite(name: str) -> Callable[..., Awaitable[list[Figure]]]:
+    module_name, _, function = SUITES[name].partition(":")
+    module = importlib.import_module(module_name)
+    suite: Callable[..., Awaitable[list[Figure]]] = getattr(module, function)
+    return suite
 
 
 def main() -> int:
@@ -33,8 +46,14 @@ def main() -> int:
     console = Console()
     figures: list[Figure] = []
     for name in args.only or list(SUITES):
+        try:
+            suite = _suite(name)
+        except ModuleNotFoundError as exc:
+            # Said out loud rather than skipped silently: the table shows what was not measured.
+            console.print(f"[yellow]bench {name}: not written yet ({exc.name})[/]")
+            continue
         console.print(f"[bold]bench[/] {name} …")
-        figures.extend(asyncio.run(SUITES[name](quick=args.quick)))
+        figures.extend(asyncio.run(suite(quick=args.quick)))
     table = Table(title="cairn benchmarks")
     for column in ("name", "value", "unit", "parameters"):
         table.add_column(column)

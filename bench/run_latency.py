@@ -8,36 +8,26 @@ import asyncio
 import time
 
 import grpc
-import yaml
 
 from bench.figures import Figure, percentile
 from bench.harness import bench_stack
 from cairn.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from cairn.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from cairn_libs.clients import call_metadata, channel
-from cairn_libs.stack import REPO_ROOT
+from cairn_libs.demo_corpus import handbook_documents, load_handbook
 
 
 async def run_orchestration(*, quick: bool = False) -> list[Figure]:
     n = 20 if quick else 100
     sustain_seconds = 10.0 if quick else 60.0
-    corpus = yaml.safe_load((REPO_ROOT / "demo" / "handbook.yaml").read_text())
+    corpus = load_handbook()
     with bench_stack(("gateway", "retrieval", "memory", "orchestrator")) as stack:
         org = f"bench-{int(time.time())}"
         ingester = call_metadata(
             stack.issuer.caller_token(org_id=org, user_id="docs-bot", roles=["ingester"])
         )
         ch = channel(stack.addresses["retrieval"])
-        documents = [
-            retrieval_pb2.Document(
-                document_id=d["id"],
-                source=corpus["source"],
-                title=d["title"],
-                text=d["text"],
-                acl=retrieval_pb2.Acl(**d["acl"]),
-            )
-            for d in corpus["documents"]
-        ]
+        documents = handbook_documents(corpus)
         async for _ in retrieval_pb2_grpc.RetrievalServiceStub(ch).IngestDocuments(
             retrieval_pb2.IngestDocumentsRequest(documents=documents),
             metadata=ingester,

@@ -16,12 +16,12 @@ from typing import Any
 
 import grpc
 import pytest
-import yaml
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from cairn.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from cairn_libs.clients import call_metadata
+from cairn_libs.demo_corpus import handbook_documents, load_handbook
 from cairn_libs.identity import TokenIssuer
 from cairn_libs.stack import (
     REPO_ROOT,
@@ -168,18 +168,9 @@ def stack(
 
 
 def _ingest_handbook(stack: Stack) -> dict[str, Any]:
-    corpus: dict[str, Any] = yaml.safe_load((REPO_ROOT / "demo" / "handbook.yaml").read_text())
+    corpus = load_handbook()
     token = stack.token(corpus["ingester"]["user"], corpus["ingester"]["roles"])
-    documents = [
-        retrieval_pb2.Document(
-            document_id=d["id"],
-            source=corpus["source"],
-            title=d["title"],
-            text=d["text"],
-            acl=retrieval_pb2.Acl(**d["acl"]),
-        )
-        for d in corpus["documents"]
-    ]
+    documents = handbook_documents(corpus)
     with grpc.insecure_channel(stack.addresses["retrieval"]) as ch:
         list(
             retrieval_pb2_grpc.RetrievalServiceStub(ch).IngestDocuments(

@@ -112,10 +112,18 @@ def test_all_spans_of_a_run_share_one_trace_and_form_one_tree(
     run, trajectory = manager_run
 
     def all_four_reported() -> list[Any] | None:
+        # Spans arrive in export batches; wait until the tree is closed at the top
+        # (the StartRun server span ends last) and every step's span has arrived.
         spans = stack.otlp.spans(run.trace_id)
         services = {s.service for s in spans}
         wanted = {"cairn_gateway", "cairn_retrieval", "cairn_memory", "cairn_orchestrator"}
-        return spans if wanted <= services else None
+        ids = {s.span_id for s in spans}
+        complete = (
+            wanted <= services
+            and any(not s.parent_span_id for s in spans)
+            and all(step.span_id in ids for step in trajectory.steps)
+        )
+        return spans if complete else None
 
     spans = wait_until(all_four_reported, timeout=20)
     by_id = {s.span_id: s for s in spans}

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import yaml
 from google.protobuf import json_format
 from rich.console import Console
 from rich.markup import escape
@@ -28,6 +27,7 @@ from rich.table import Table
 from cairn.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from cairn.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from cairn_libs.clients import call_metadata
+from cairn_libs.demo_corpus import handbook_documents, load_handbook
 from cairn_libs.identity import TokenIssuer, generate_dev_keypair
 from cairn_libs.stack import (
     REPO_ROOT,
@@ -84,16 +84,7 @@ def _ingest(corpus: dict[str, Any], issuer: TokenIssuer) -> None:
     token = issuer.caller_token(
         org_id=corpus["org"], user_id=ingester["user"], roles=ingester["roles"]
     )
-    documents = [
-        retrieval_pb2.Document(
-            document_id=d["id"],
-            source=corpus["source"],
-            title=d["title"],
-            text=d["text"],
-            acl=retrieval_pb2.Acl(**d["acl"]),
-        )
-        for d in corpus["documents"]
-    ]
+    documents = handbook_documents(corpus)
     with grpc.insecure_channel(f"127.0.0.1:{PORTS['retrieval']}") as ch:
         stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
         outcomes = []
@@ -236,7 +227,7 @@ def main() -> int:
     processes: list[ServiceProcess] = []
     try:
         processes = _start_all(_env(pg_url, public_key, private_key))
-        corpus = yaml.safe_load((REPO_ROOT / "demo" / "handbook.yaml").read_text())
+        corpus = load_handbook()
         _ingest(corpus, issuer)
         for caller in corpus["callers"]:
             _ask(corpus, caller, issuer)

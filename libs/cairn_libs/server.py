@@ -276,6 +276,10 @@ async def serve(app: ServiceApp, *, address: str, verifier: TokenVerifier) -> No
         ],
         server,
     )
+    # grpcio's HealthServicer starts with the server itself SERVING; nothing is ready
+    # until the first readiness check says so.
+    for name in ["", *names]:
+        await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     bound = server.add_insecure_port(address)
     if bound == 0:
         raise RuntimeError(f"could not bind {address!r}")
