@@ -43,7 +43,7 @@ def main() -> int:
     parser.add_argument("--only", choices=sorted(SUITES), action="append")
     parser.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
     args = parser.parse_args()
-    console = Console()
+    console = Console(width=max(Console().width, 140))
     figures: list[Figure] = []
     for name in args.only or list(SUITES):
         try:
@@ -55,8 +55,10 @@ def main() -> int:
         console.print(f"[bold]bench[/] {name} …")
         figures.extend(asyncio.run(suite(quick=args.quick)))
     table = Table(title="cairn benchmarks")
-    for column in ("name", "value", "unit", "parameters"):
-        table.add_column(column)
+    table.add_column("name", no_wrap=True)
+    table.add_column("value", justify="right", no_wrap=True)
+    table.add_column("unit", no_wrap=True)
+    table.add_column("parameters")
     for f in figures:
         table.add_row(f.name, f"{f.value:,.3f}", f.unit, json.dumps(f.parameters, sort_keys=True))
     console.print(table)
