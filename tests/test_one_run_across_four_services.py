@@ -11,6 +11,7 @@ from google.protobuf import json_format
 
 from cairn.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from cairn_libs.clients import call_metadata
+from cairn_libs.stack import log_events
 from tests.conftest import Stack, wait_until
 
 CONFIDENTIAL_DOC = "handbook-bonus-pool-2026"
@@ -165,3 +166,30 @@ def test_all_spans_of_a_run_share_one_trace_and_form_one_tree(
     assert chat_spans and all(
         s.attributes.get("gen_ai.provider.name") == "offline" for s in chat_spans
     )
+
+
+def test_log_lines_of_other_services_name_the_run_and_its_trace(
+    stack: Stack, manager_run: Any
+) -> None:
+    run, _ = manager_run
+    for service in ("retrieval", "memory"):
+        events = wait_until(
+            lambda s=service: [
+                e for e in log_events(stack.processes[s]) if e.get("run_id") == run.run_id
+            ],
+            timeout=10,
+        )
+        assert all(e.get("trace_id") == run.trace_id for e in events), service
+    orchestrator_lines = [
+        e for e in log_events(stack.processes["orchestrator"]) if e.get("run_id") == run.run_id
+    ]
+    assert orchestrator_lines and all(e.get("trace_id") == run.trace_id for e in orchestrator_lines)
+
+
+def test_no_log_line_carries_the_question_or_a_document(stack: Stack, manager_run: Any) -> None:
+    run, _ = manager_run
+    for proc in stack.processes.values():
+        text = proc.log_text()
+        assert run.input not in text, proc.name
+        for phrase in CONFIDENTIAL_PHRASES:
+            assert phrase not in text, proc.name

@@ -2,8 +2,9 @@
 and the same interceptors, stopped gracefully on SIGTERM.
 
 Interceptors, outermost first: OpenTelemetry (the server span, W3C context from
-metadata), access logging, error mapping (CairnError -> status with google.rpc
-details), identity (verify the caller's token before any work). A servicer
+metadata), error mapping (CairnError -> status with google.rpc details), identity
+(verify the caller's token before any work), access logging (one line per call,
+carrying org, user and run). A servicer
 method never parses a token: it calls `current_identity()`.
 
 Health reports SERVING only while the service's own readiness check passes (its
@@ -38,7 +39,12 @@ from cairn_libs.identity import (
     CallIdentity,
     TokenVerifier,
 )
-from cairn_libs.telemetry import configure_logging, configure_tracing, shutdown_tracing
+from cairn_libs.telemetry import (
+    configure_logging,
+    configure_tracing,
+    current_run_id,
+    shutdown_tracing,
+)
 
 log = structlog.get_logger("cairn.server")
 
@@ -191,9 +197,14 @@ def identity_interceptor(verifier: TokenVerifier) -> grpc.aio.ServerInterceptor:
         identity_token = _identity.set(CallIdentity(principal=principal, actor=actor))
         raw_token = _raw_tokens.set((caller_token, actor_token))
         structlog.contextvars.bind_contextvars(org_id=principal.org_id, user_id=principal.user_id)
+        # A call made inside a run carries the run in its actor token; every log line
+        # of this call then names the run (STYLE: trace_id and run_id on every line).
+        run_token = current_run_id.set(actor.run_id) if actor is not None else None
         try:
             yield
         finally:
+            if run_token is not None:
+                current_run_id.reset(run_token)
             structlog.contextvars.unbind_contextvars("org_id", "user_id")
             _raw_tokens.reset(raw_token)
             _identity.reset(identity_token)
@@ -221,24 +232,48 @@ def error_mapping_interceptor() -> grpc.aio.ServerInterceptor:  # type: ignore[t
     async def around(
         details: grpc.HandlerCallDetails, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[None]:
-        started = time.perf_counter()
         try:
             yield
         except grpc.aio.AbortError:
             raise
         except CairnError as exc:
             status = to_rpc_status(exc)
-            log.info(
-                "rpc.refused",
-                method=details.method,
-                code=status.code.name,
-                reason=type(exc).__name__,
-            )
+            if isinstance(exc, Unauthenticated):
+                # Refused before identity: the access log (inside identity) never saw it.
+                log.info(
+                    "rpc.refused",
+                    method=details.method,
+                    code=status.code.name,
+                    reason="Unauthenticated",
+                )
             await context.abort(status.code, status.details, status.trailing_metadata)
         except Exception as exc:
             log.exception("rpc.failed", method=details.method)
             status = to_rpc_status(exc)
             await context.abort(status.code, status.details, status.trailing_metadata)
+
+    return _AroundInterceptor(around)
+
+
+def access_log_interceptor() -> grpc.aio.ServerInterceptor:  # type: ignore[type-arg]
+    """One line per call, inside identity so it carries org, user and run."""
+
+    @asynccontextmanager
+    async def around(
+        details: grpc.HandlerCallDetails, _context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        except CairnError as exc:
+            log.info(
+                "rpc.refused",
+                method=details.method,
+                code=exc.code.name,
+                reason=type(exc).__name__,
+                duration_ms=round((time.perf_counter() - started) * 1000, 2),
+            )
+            raise
         else:
             log.info(
                 "rpc.ok",
@@ -262,6 +297,7 @@ async def serve(app: ServiceApp, *, address: str, verifier: TokenVerifier) -> No
             aio_server_interceptor(),  # type: ignore[no-untyped-call]
             error_mapping_interceptor(),
             identity_interceptor(verifier),
+            access_log_interceptor(),
         ],
         options=[("grpc.so_reuseport", 0)],
     )
