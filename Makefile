@@ -12,7 +12,7 @@ SITE = $(shell $(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'
 PROTO_FILES = $(shell cd protos && find cairn -name '*.proto' | sort)
 PROTOC = PATH=$(BIN):$$PATH $(PY) -m grpc_tools.protoc -Iprotos -I$(SITE) -I$(SITE)/grpc_tools/_proto
 
-.PHONY: help install gen gen-check lint-protos run demo test check fmt lint typecheck bench clean-state
+.PHONY: help install gen gen-check lint-protos run demo test check fmt lint typecheck bench bench-data clean-state
 
 help: ## list the verbs
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -41,7 +41,7 @@ gen-check: $(STAMP) ## fail when gen/python is stale against protos/
 	$(PROTOC) --python_out=build/gen-check --grpc_python_out=build/gen-check \
 	  --mypy_out=build/gen-check --mypy_grpc_out=build/gen-check $(PROTO_FILES)
 	find build/gen-check/cairn -type d -exec touch {}/__init__.py \;
-	diff -r build/gen-check/cairn gen/python/cairn > /dev/null || \
+	diff -r -x __pycache__ build/gen-check/cairn gen/python/cairn > /dev/null || \
 	  { echo "gen/python is stale: run 'make gen' and commit the result"; exit 1; }
 
 lint-protos: $(STAMP) ## buf lint (STANDARD rules) over protos/
@@ -71,6 +71,11 @@ check: lint typecheck test ## format check, lint, types, then every test
 
 bench: $(STAMP) ## measure speed; prints a table and writes bench/results.json
 	$(PY) -m bench
+
+bench-data: ## install the documentation corpora the retrieval benchmark reads (Debian packages, as root)
+	@test -d /usr/share/doc/python3.11/html/_sources && test -d /usr/share/doc/postgresql-doc-15/html || \
+	  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	    python3.11-doc postgresql-doc-15; }
 
 clean-state: ## stop the embedded PostgreSQL and remove local state
 	-$(PY) -m cairn_libs.devstack --stop

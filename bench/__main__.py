@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -38,13 +39,22 @@ def _suite(name: str) -> Callable[..., Awaitable[list[Figure]]]:
     return suite
 
 
+def _previous_figures() -> list[dict[str, Any]]:
+    try:
+        previous = json.loads(RESULTS.read_text())
+    except (OSError, ValueError):
+        return []
+    figures = previous.get("figures", []) if isinstance(previous, dict) else []
+    return [f for f in figures if isinstance(f, dict)]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--only", choices=sorted(SUITES), action="append")
     parser.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
     args = parser.parse_args()
     console = Console(width=max(Console().width, 140))
-    figures: list[Figure] = []
+    figures: list[tuple[str, Figure]] = []
     for name in args.only or list(SUITES):
         try:
             suite = _suite(name)
@@ -53,21 +63,25 @@ def main() -> int:
             console.print(f"[yellow]bench {name}: not written yet ({exc.name})[/]")
             continue
         console.print(f"[bold]bench[/] {name} …")
-        figures.extend(asyncio.run(suite(quick=args.quick)))
+        figures.extend((name, f) for f in asyncio.run(suite(quick=args.quick)))
     table = Table(title="cairn benchmarks")
     table.add_column("name", no_wrap=True)
     table.add_column("value", justify="right", no_wrap=True)
     table.add_column("unit", no_wrap=True)
     table.add_column("parameters")
-    for f in figures:
+    for _, f in figures:
         table.add_row(f.name, f"{f.value:,.3f}", f.unit, json.dumps(f.parameters, sort_keys=True))
     console.print(table)
+    ran = {name for name, _ in figures}
+    # A partial run (--only) replaces its own suites' figures and keeps the others.
+    kept = [f for f in _previous_figures() if f.get("suite") not in ran]
+    fresh = [{"suite": name, **f.as_dict(), "quick": args.quick} for name, f in figures]
     RESULTS.write_text(
         json.dumps(
             {
                 "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "machine": {"python": sys.version.split()[0], "platform": platform.platform()},
-                "figures": [f.as_dict() for f in figures],
+                "figures": kept + fresh,
             },
             indent=2,
         )

@@ -5,6 +5,7 @@ Environment (read here and nowhere else):
     DATABASE_URL                          PostgreSQL with pgvector (required)
     CAIRN_EMBEDDER                        local (default) | none
     CAIRN_MEMORY_TTL_DAYS                 days until a memory or fact expires (90)
+    CAIRN_MEMORY_BLOCK_TTL_DAYS           days until an archived block expires (the memory TTL)
     CAIRN_MEMORY_PURGE_INTERVAL_SECONDS   seconds between purges of expired rows (3600)
     CAIRN_MEMORY_ENCRYPTION_KEY           base64 of 32 bytes: seal text at rest (unset: plain)
 """
@@ -52,13 +53,16 @@ class MemoryApp:
         vault: TextVault,
         clock: Clock,
         ttl: timedelta,
+        block_ttl: timedelta | None = None,
         purge_interval_seconds: float,
     ) -> None:
         if purge_interval_seconds <= 0:
             raise ValueError(f"purge interval must be positive, got {purge_interval_seconds!r}")
         self._database = database
         self.store = PostgresStore(database, vault=vault)
-        self.keeper = MemoryKeeper(store=self.store, embedder=embedder, clock=clock, ttl=ttl)
+        self.keeper = MemoryKeeper(
+            store=self.store, embedder=embedder, clock=clock, ttl=ttl, block_ttl=block_ttl
+        )
         self._purge_interval = purge_interval_seconds
         self._purge_task: asyncio.Task[None] | None = None
         # Set after every completed round of upkeep, so a caller can wait for one.
@@ -67,12 +71,14 @@ class MemoryApp:
     @classmethod
     def from_env(cls) -> MemoryApp:
         ttl_days = _positive_float("CAIRN_MEMORY_TTL_DAYS", DEFAULT_TTL_DAYS)
+        block_ttl_days = _positive_float("CAIRN_MEMORY_BLOCK_TTL_DAYS", ttl_days)
         return cls(
             database=memory_database(database_url()),
             embedder=embedder_from_env(),
             vault=vault_from_key(os.environ.get("CAIRN_MEMORY_ENCRYPTION_KEY")),
             clock=SystemClock(),
             ttl=timedelta(days=ttl_days),
+            block_ttl=timedelta(days=block_ttl_days),
             purge_interval_seconds=_positive_float(
                 "CAIRN_MEMORY_PURGE_INTERVAL_SECONDS", DEFAULT_PURGE_INTERVAL_SECONDS
             ),

@@ -8,6 +8,8 @@ values, so each rule is tested without a database.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import enum
 import re
 import unicodedata
@@ -39,6 +41,8 @@ MAX_BLOCK_ROLE_CHARS: Final = 32
 MAX_BLOCK_CONTENT_BYTES: Final = 512 * 1024
 MAX_CONVERSATION_ID_CHARS: Final = 256
 DEFAULT_TTL: Final = timedelta(days=90)
+DEFAULT_HELD_PAGE: Final = 100
+MAX_HELD_PAGE: Final = 1000
 
 _FACT_KEY = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _BLOCK_ID = re.compile(r"[rR]?([0-9]{1,18})", re.ASCII)
@@ -212,12 +216,31 @@ class Erasure:
 
 
 @dataclass(frozen=True, slots=True)
+class HeldCursor:
+    """Where a page of Held ended: the last memory on it (pages run newest first)."""
+
+    created_at: datetime
+    memory_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class HeldQuery:
+    """One page of subject access: memories after `after`; profile and erasures
+    only on the first page (after is None)."""
+
+    subject: Subject
+    page_size: int
+    after: HeldCursor | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class HeldAbout:
-    """Everything held about one subject (subject access)."""
+    """Everything held about one subject (subject access), one page of memories at a time."""
 
     memories: tuple[Memory, ...]
     profile: tuple[ProfileFact, ...]
     erasures: tuple[Erasure, ...]
+    next_page: HeldCursor | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +293,7 @@ class BlockSearch:
 class PurgeCounts:
     memories: int
     fact_versions: int
+    blocks: int = 0
 
 
 # --- who wrote it ----------------------------------------------------------------
@@ -451,6 +475,46 @@ def effective_state(stored: MemoryState, *, expires_at: datetime, now: datetime)
     if stored is MemoryState.ACTIVE and expires_at <= now:
         return MemoryState.EXPIRED
     return stored
+
+
+# --- subject access ---------------------------------------------------------------
+
+
+def format_page_token(cursor: HeldCursor) -> str:
+    raw = f"{cursor.created_at.isoformat()}|{cursor.memory_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def parse_page_token(token: str) -> HeldCursor:
+    """The cursor a next_page_token names; refused when it is not one Held gave out."""
+    refusal = RefusedInput(
+        f"page_token {token!r} is not a token Held gave out; pass next_page_token from "
+        "the previous page unchanged, or leave it empty for the first page"
+    )
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+        moment, memory_id = raw.split("|")
+        created_at = datetime.fromisoformat(moment)
+        memory_id = str(uuid.UUID(memory_id))
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise refusal from None
+    if created_at.tzinfo is None:
+        raise refusal
+    return HeldCursor(created_at=created_at, memory_id=memory_id)
+
+
+def held_query(subject: Subject, *, page_size: int, page_token: str) -> HeldQuery:
+    if page_size < 0 or page_size > MAX_HELD_PAGE:
+        raise RefusedInput(
+            f"page_size {page_size!r} is out of range; use 1-{MAX_HELD_PAGE} "
+            f"(0 means the default of {DEFAULT_HELD_PAGE})"
+        )
+    token = page_token.strip()
+    return HeldQuery(
+        subject=subject,
+        page_size=page_size or DEFAULT_HELD_PAGE,
+        after=parse_page_token(token) if token else None,
+    )
 
 
 # --- profile facts ----------------------------------------------------------------

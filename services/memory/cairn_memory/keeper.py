@@ -26,6 +26,7 @@ from cairn_memory.domain import (
     BlockSearch,
     Erasure,
     HeldAbout,
+    HeldQuery,
     Memory,
     ProfileFact,
     PurgeCounts,
@@ -58,9 +59,14 @@ class MemoryKeeper:
         embedder: Embedder | None,
         clock: Clock,
         ttl: timedelta = DEFAULT_TTL,
+        block_ttl: timedelta | None = None,
     ) -> None:
+        block_ttl = ttl if block_ttl is None else block_ttl
         if ttl <= timedelta(0):
             raise ValueError(f"memory time-to-live must be positive, got {ttl!r}")
+        if block_ttl <= timedelta(0):
+            raise ValueError(f"block time-to-live must be positive, got {block_ttl!r}")
+        self._block_ttl = block_ttl
         self._store = store
         self._embedder = embedder
         self._clock = clock
@@ -139,12 +145,10 @@ class MemoryKeeper:
             memories=tuple(memories), mode=mode, mode_reason=reason, profile=tuple(profile)
         )
 
-    async def held(self, subject: Subject, principal: Principal) -> HeldAbout:
-        _require_subject_access(subject, principal)
+    async def held(self, query: HeldQuery, principal: Principal) -> HeldAbout:
+        _require_subject_access(query.subject, principal)
         with tracer.start_as_current_span("memory.held"):
-            return await self._store.held(
-                org_id=principal.org_id, subject=subject, now=self._clock.now()
-            )
+            return await self._store.held(query, org_id=principal.org_id, now=self._clock.now())
 
     async def forget(self, subject: Subject, principal: Principal) -> Erasure:
         _require_subject_access(subject, principal)
@@ -186,8 +190,13 @@ class MemoryKeeper:
 
     async def archive(self, draft: BlockDraft, principal: Principal) -> str:
         with tracer.start_as_current_span("memory.archive"):
+            now = self._clock.now()
             number = await self._store.archive(
-                draft, org_id=principal.org_id, user_id=principal.user_id, now=self._clock.now()
+                draft,
+                org_id=principal.org_id,
+                user_id=principal.user_id,
+                now=now,
+                expires_at=now + self._block_ttl,
             )
         return format_block_id(number)
 
@@ -195,7 +204,10 @@ class MemoryKeeper:
         number = block_number(raw_block_id)
         with tracer.start_as_current_span("memory.recall_block"):
             block = await self._store.recall_block(
-                org_id=principal.org_id, user_id=principal.user_id, number=number
+                org_id=principal.org_id,
+                user_id=principal.user_id,
+                number=number,
+                now=self._clock.now(),
             )
         if block is None:
             raise Denied()
@@ -210,14 +222,19 @@ class MemoryKeeper:
             ):
                 raise Denied()
             return await self._store.search_blocks(
-                search, org_id=principal.org_id, user_id=principal.user_id
+                search, org_id=principal.org_id, user_id=principal.user_id, now=self._clock.now()
             )
 
     async def purge_expired(self) -> PurgeCounts:
         with tracer.start_as_current_span("memory.purge"):
             counts = await self._store.purge_expired(now=self._clock.now())
-        if counts.memories or counts.fact_versions:
-            log.info("memory.purged", memories=counts.memories, fact_versions=counts.fact_versions)
+        if counts.memories or counts.fact_versions or counts.blocks:
+            log.info(
+                "memory.purged",
+                memories=counts.memories,
+                fact_versions=counts.fact_versions,
+                blocks=counts.blocks,
+            )
         return counts
 
     async def backfill_embeddings(self) -> int:

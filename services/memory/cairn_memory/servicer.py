@@ -32,6 +32,8 @@ from cairn_memory.domain import (
     SubjectKind,
     block_draft,
     block_search,
+    format_page_token,
+    held_query,
     recall_query,
     subject_from,
 )
@@ -296,13 +298,17 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
     async def Held(
         self, request: memory_pb2.HeldRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> memory_pb2.HeldResponse:
-        held = await self._keeper.held(
-            subject_from_proto(request.subject), current_identity().principal
+        query = held_query(
+            subject_from_proto(request.subject),
+            page_size=request.page_size,
+            page_token=request.page_token,
         )
+        held = await self._keeper.held(query, current_identity().principal)
         return memory_pb2.HeldResponse(
             memories=[memory_to_proto(m) for m in held.memories],
             profile=[fact_to_proto(f) for f in held.profile],
             erasures=[erasure_to_proto(e) for e in held.erasures],
+            next_page_token=format_page_token(held.next_page) if held.next_page else "",
         )
 
     async def Forget(

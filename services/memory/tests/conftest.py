@@ -52,9 +52,11 @@ class MemoryClient:
         request = memory_pb2.RecallRequest(query=query, **fields)
         return self.stub.Recall(request, metadata=self.metadata, timeout=TIMEOUT)
 
-    def held(self, subject: memory_pb2.Subject) -> memory_pb2.HeldResponse:
+    def held(self, subject: memory_pb2.Subject, **fields: Any) -> memory_pb2.HeldResponse:
         return self.stub.Held(
-            memory_pb2.HeldRequest(subject=subject), metadata=self.metadata, timeout=TIMEOUT
+            memory_pb2.HeldRequest(subject=subject, **fields),
+            metadata=self.metadata,
+            timeout=TIMEOUT,
         )
 
     def forget(self, subject: memory_pb2.Subject) -> memory_pb2.ForgetResponse:
@@ -143,6 +145,7 @@ def memory_process(
 
 
 VARIANT_TTL_DAYS = 7
+VARIANT_BLOCK_TTL_DAYS = 3
 VARIANT_KEY = base64.b64encode(os.urandom(32)).decode()
 
 
@@ -151,13 +154,14 @@ def variant_process(
     service_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServiceProcess]:
     """The other deployment settings in one process: no embedder, a 7-day time to
-    live, and encryption at rest with its own key."""
+    live for memories and 3 days for blocks, and encryption at rest with its own key."""
     proc = _start(
         service_env,
         tmp_path_factory.mktemp("memory-variant-logs"),
         suffix="-variant",
         CAIRN_EMBEDDER="none",
         CAIRN_MEMORY_TTL_DAYS=str(VARIANT_TTL_DAYS),
+        CAIRN_MEMORY_BLOCK_TTL_DAYS=str(VARIANT_BLOCK_TTL_DAYS),
         CAIRN_MEMORY_ENCRYPTION_KEY=VARIANT_KEY,
     )
     yield proc

@@ -12,7 +12,7 @@ from cairn_libs.embedding import Embedder
 from cairn_libs.identity import CallIdentity, Principal
 from cairn_memory.app import MemoryApp
 from cairn_memory.clock import FakeClock
-from cairn_memory.domain import RecallMode, RecallQuery, RememberDraft, SubjectKind
+from cairn_memory.domain import HeldQuery, RecallMode, RecallQuery, RememberDraft, SubjectKind
 from cairn_memory.keeper import MemoryKeeper
 from cairn_memory.postgres import PostgresStore, migrations
 from cairn_memory.vault import PlainVault
@@ -69,7 +69,9 @@ async def test_the_purge_runs_inside_the_service_from_start_until_stop(
     try:
         assert app.maintaining
         await asyncio.wait_for(app.maintained.wait(), timeout=10)
-        assert (await app.keeper.held(memory.subject, alice.principal)).memories == ()
+        assert (
+            await app.keeper.held(HeldQuery(memory.subject, page_size=10), alice.principal)
+        ).memories == ()
     finally:
         await app.stop()
     assert not app.maintaining

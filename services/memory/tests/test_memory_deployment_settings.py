@@ -1,5 +1,5 @@
-"""Deployment settings read by the process: the time to live and encryption at rest
-(CAIRN_MEMORY_TTL_DAYS, CAIRN_MEMORY_ENCRYPTION_KEY), seen over real gRPC and in
+"""Deployment settings read by the process: the times to live and encryption at rest
+(CAIRN_MEMORY_TTL_DAYS, CAIRN_MEMORY_BLOCK_TTL_DAYS, CAIRN_MEMORY_ENCRYPTION_KEY), seen over real gRPC and in
 the database, including a deployment without the key reading sealed text."""
 
 from __future__ import annotations
@@ -22,6 +22,21 @@ def test_the_time_to_live_is_a_deployment_setting(variant_client: ClientFactory)
     created = memory.provenance.created_at.ToDatetime(tzinfo=UTC)
     expires = memory.provenance.expires_at.ToDatetime(tzinfo=UTC)
     assert expires - created == timedelta(days=7)
+
+
+async def test_the_blocks_time_to_live_is_a_deployment_setting_of_its_own(
+    variant_client: ClientFactory, pg_url: str
+) -> None:
+    alice = variant_client()
+    alice.archive("standup", "Standup notes, verbatim.", "conv-ttl")
+    conn = await asyncpg.connect(pg_url)
+    try:
+        lifetime = await conn.fetchval(
+            "SELECT expires_at - created_at FROM memory.blocks WHERE org_id = $1", alice.org_id
+        )
+    finally:
+        await conn.close()
+    assert lifetime == timedelta(days=3)
 
 
 async def test_with_a_key_text_rests_sealed_and_reads_back_whole(

@@ -3,6 +3,7 @@ authorship, defaults, recall modes, and the tolerant block id parser."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import grpc
@@ -15,6 +16,7 @@ from cairn_libs.identity import Actor, CallIdentity, Principal
 from cairn_memory.domain import (
     AuthorKind,
     ClaimType,
+    HeldCursor,
     MemoryState,
     RecallMode,
     RememberDraft,
@@ -22,9 +24,11 @@ from cairn_memory.domain import (
     author_of,
     effective_state,
     format_block_id,
+    format_page_token,
     new_memory,
     normalised_text,
     parse_block_id,
+    parse_page_token,
     recall_mode,
 )
 from cairn_memory.errors import (
@@ -230,6 +234,28 @@ def test_the_block_id_parser_accepts_only_what_names_a_block(raw: str) -> None:
 def test_zero_and_negative_numbers_name_no_block(n: int) -> None:
     assert parse_block_id(str(n)) is None
     assert parse_block_id(f"r{n}") is None
+
+
+@given(
+    moment=st.datetimes(timezones=st.timezones()),
+    memory_id=st.uuids(),
+)
+def test_a_held_page_token_names_exactly_the_cursor_it_was_made_from(
+    moment: datetime, memory_id: uuid.UUID
+) -> None:
+    cursor = HeldCursor(created_at=moment, memory_id=str(memory_id))
+    parsed = parse_page_token(format_page_token(cursor))
+    assert parsed.memory_id == cursor.memory_id
+    # The same instant (compared in UTC: a local time in a fold never equals one in
+    # another zone) with the same offset.
+    assert parsed.created_at.astimezone(UTC) == moment.astimezone(UTC)
+    assert parsed.created_at.utcoffset() == moment.utcoffset()
+
+
+@pytest.mark.parametrize("token", ["", "===", "bm90LWEtdG9rZW4", "MjAzMS0wMS0wMVQwMDowMDowMHx4"])
+def test_a_page_token_held_did_not_give_out_is_refused(token: str) -> None:
+    with pytest.raises(RefusedInput, match="is not a token Held gave out"):
+        parse_page_token(token)
 
 
 @pytest.mark.parametrize(

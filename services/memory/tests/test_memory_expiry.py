@@ -8,9 +8,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from cairn_libs.db import Database
+from cairn_libs.errors import Denied
 from cairn_libs.identity import CallIdentity, Principal
 from cairn_memory.clock import FakeClock
 from cairn_memory.domain import (
+    BlockDraft,
+    BlockSearch,
+    HeldQuery,
     MemoryState,
     RecallQuery,
     RememberDraft,
@@ -73,12 +77,12 @@ async def test_a_memory_is_recalled_until_it_expires_then_reads_expired_then_is_
 
     clock.advance(timedelta(seconds=1))
     assert await recalled_texts(keeper, alice) == []
-    (held,) = (await keeper.held(SUBJECT, alice.principal)).memories
+    (held,) = (await keeper.held(HeldQuery(SUBJECT, page_size=100), alice.principal)).memories
     assert held.state is MemoryState.EXPIRED
 
     counts = await keeper.purge_expired()
     assert counts.memories >= 1
-    assert (await keeper.held(SUBJECT, alice.principal)).memories == ()
+    assert (await keeper.held(HeldQuery(SUBJECT, page_size=100), alice.principal)).memories == ()
 
 
 async def test_the_same_text_after_expiry_is_a_new_memory(
@@ -89,7 +93,10 @@ async def test_the_same_text_after_expiry_is_a_new_memory(
     again, already_held = await keeper.remember(draft("Lives near the office."), alice)
     assert not already_held
     assert again.memory_id != first.memory_id
-    states = {m.memory_id: m.state for m in (await keeper.held(SUBJECT, alice.principal)).memories}
+    states = {
+        m.memory_id: m.state
+        for m in (await keeper.held(HeldQuery(SUBJECT, page_size=100), alice.principal)).memories
+    }
     assert states == {first.memory_id: MemoryState.EXPIRED, again.memory_id: MemoryState.ACTIVE}
 
 
@@ -131,7 +138,7 @@ async def test_profile_facts_expire_and_are_purged_too(
 
     clock.advance(TTL)
     assert (await keeper.recall(everything(), alice.principal)).profile == ()
-    (fact,) = (await keeper.held(SUBJECT, alice.principal)).profile
+    (fact,) = (await keeper.held(HeldQuery(SUBJECT, page_size=100), alice.principal)).profile
     assert fact.current is None
     assert [v.value for v in fact.history] == ["B12"]
 
@@ -141,6 +148,64 @@ async def test_profile_facts_expire_and_are_purged_too(
     assert fact_after.current is not None and fact_after.current.value == "C3"
 
     await keeper.purge_expired()
-    (fact,) = (await keeper.held(SUBJECT, alice.principal)).profile
+    (fact,) = (await keeper.held(HeldQuery(SUBJECT, page_size=100), alice.principal)).profile
     assert fact.current is not None and fact.current.value == "C3"
     assert fact.history == ()
+
+
+BLOCK_TTL = timedelta(days=7)
+
+
+@pytest.fixture
+def archivist(isolated_database: Database, clock: FakeClock) -> MemoryKeeper:
+    store = PostgresStore(isolated_database, vault=PlainVault())
+    return MemoryKeeper(store=store, embedder=None, clock=clock, ttl=TTL, block_ttl=BLOCK_TTL)
+
+
+def block(label: str, content: str) -> BlockDraft:
+    return BlockDraft(label=label, role="user", content=content, conversation_id="conv-expiry")
+
+
+async def test_an_archived_block_expires_on_its_own_setting_then_is_purged_and_its_id_never_reused(
+    archivist: MemoryKeeper, clock: FakeClock, alice: CallIdentity
+) -> None:
+    block_id = await archivist.archive(
+        block("hotel booking", "We booked the Lisbon hotel."), alice.principal
+    )
+    await archivist.remember(draft("Prefers aisle seats."), alice)
+    search = BlockSearch(query="hotel", limit=5, conversation_id=None)
+
+    clock.advance(BLOCK_TTL - timedelta(seconds=1))
+    assert (
+        await archivist.recall_block(block_id, alice.principal)
+    ).content == "We booked the Lisbon hotel."
+    assert [b.block_id for b in await archivist.search_blocks(search, alice.principal)] == [
+        block_id
+    ]
+
+    clock.advance(timedelta(seconds=1))
+    with pytest.raises(Denied):
+        await archivist.recall_block(block_id, alice.principal)
+    assert await archivist.search_blocks(search, alice.principal) == []
+    # The memory follows its own, longer time to live.
+    assert await recalled_texts(archivist, alice) == ["Prefers aisle seats."]
+
+    counts = await archivist.purge_expired()
+    assert counts.blocks >= 1
+    later = await archivist.archive(block("hotel again", "Another hotel."), alice.principal)
+    assert int(later[1:]) > int(block_id[1:])
+    with pytest.raises(Denied):
+        await archivist.recall_block(block_id, alice.principal)
+
+
+async def test_blocks_follow_the_memory_time_to_live_unless_set_apart(
+    keeper: MemoryKeeper, clock: FakeClock, alice: CallIdentity
+) -> None:
+    block_id = await keeper.archive(
+        block("visa", "The visa appointment is confirmed."), alice.principal
+    )
+    clock.advance(BLOCK_TTL)
+    assert (await keeper.recall_block(block_id, alice.principal)).readable
+    clock.advance(TTL - BLOCK_TTL)
+    with pytest.raises(Denied):
+        await keeper.recall_block(block_id, alice.principal)

@@ -188,3 +188,61 @@ def test_a_person_may_list_what_is_held_about_themselves(client: ClientFactory) 
     with pytest.raises(grpc.RpcError) as caught:
         client("dave", roles=()).held(own)
     assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_held_pages_through_every_memory_newest_first_without_repeats(
+    client: ClientFactory,
+) -> None:
+    subject = candidate("c-paged")
+    alice = client("alice")
+    written = [
+        alice.remember(f"Paged note number {i} about the move.", subject).memory for i in range(7)
+    ]
+    alice.update_profile(subject, "office", "Berlin")
+    alice.forget(candidate("c-paged-other"))
+
+    pages = [alice.held(subject, page_size=3)]
+    while pages[-1].next_page_token:
+        pages.append(alice.held(subject, page_size=3, page_token=pages[-1].next_page_token))
+
+    assert [len(p.memories) for p in pages] == [3, 3, 1]
+    listed = [m.memory_id for p in pages for m in p.memories]
+    assert listed == [m.memory_id for m in reversed(written)]
+    assert [f.fact_key for f in pages[0].profile] == ["office"]
+    assert all(not p.profile and not p.erasures for p in pages[1:])
+    # A page that ends exactly at the last memory says there is no next one.
+    assert alice.held(subject, page_size=7).next_page_token == ""
+
+
+def test_a_page_started_before_new_memories_arrive_neither_skips_nor_repeats(
+    client: ClientFactory,
+) -> None:
+    subject = candidate("c-paged-live")
+    alice = client("alice")
+    older = [alice.remember(f"Older note {i} on the offer.", subject).memory for i in range(4)]
+    first = alice.held(subject, page_size=2)
+    alice.remember("A newer note that arrived meanwhile.", subject)
+    second = alice.held(subject, page_size=2, page_token=first.next_page_token)
+    listed = [m.memory_id for m in (*first.memories, *second.memories)]
+    assert listed == [m.memory_id for m in reversed(older)]
+    assert second.next_page_token == ""
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {"page_size": -1},
+            "page_size -1 is out of range; use 1-1000 (0 means the default of 100)",
+        ),
+        ({"page_size": 1001}, "page_size 1001 is out of range"),
+        ({"page_token": "not-a-token"}, "page_token 'not-a-token' is not a token Held gave out"),
+    ],
+)
+def test_held_refuses_a_bad_page_request_with_a_reason(
+    client: ClientFactory, fields: dict[str, object], message: str
+) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        client().held(candidate("c-paged-bad"), **fields)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in (info.value.details() or "")

@@ -524,16 +524,24 @@ class HeldRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SUBJECT_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """Memories per page, newest first; 0 means 100, at most 1000."""
+    page_token: _builtins.str
+    """next_page_token of the previous page; empty asks for the first page."""
     @_builtins.property
     def subject(self) -> Global___Subject: ...
     def __init__(
         self,
         *,
         subject: Global___Subject | None = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["subject", b"subject"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["subject", b"subject"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "subject", b"subject"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -579,10 +587,17 @@ class HeldResponse(_message.Message):
     MEMORIES_FIELD_NUMBER: _builtins.int
     PROFILE_FIELD_NUMBER: _builtins.int
     ERASURES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Pass as page_token for the next page of memories; empty on the last page."""
     @_builtins.property
-    def memories(self) -> _containers.RepeatedCompositeFieldContainer[Global___Memory]: ...
+    def memories(self) -> _containers.RepeatedCompositeFieldContainer[Global___Memory]:
+        """One page of the subject's memories, newest first."""
+
     @_builtins.property
-    def profile(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProfileFact]: ...
+    def profile(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProfileFact]:
+        """Profile facts (with history) and erasures come whole, on the first page only."""
+
     @_builtins.property
     def erasures(self) -> _containers.RepeatedCompositeFieldContainer[Global___Erasure]: ...
     def __init__(
@@ -591,10 +606,11 @@ class HeldResponse(_message.Message):
         memories: _abc.Iterable[Global___Memory] | None = ...,
         profile: _abc.Iterable[Global___ProfileFact] | None = ...,
         erasures: _abc.Iterable[Global___Erasure] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["erasures", b"erasures", "memories", b"memories", "profile", b"profile"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["erasures", b"erasures", "memories", b"memories", "next_page_token", b"next_page_token", "profile", b"profile"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
