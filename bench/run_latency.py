@@ -1,11 +1,14 @@
 """The orchestration cost of one agent run across all four services, with the
-offline model answering instantly: one memory recall, one retrieval, two model
-calls (a search_knowledge tool call, then the answer)."""
+offline model answering instantly: one memory recall, two model calls (a
+search_knowledge tool call, then the answer) and two retrievals (the prefetch of
+the question, and the model's search). The shape of a run is checked on its
+trajectory before anything is timed, so the figures measure what they say."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import grpc
 
@@ -34,7 +37,7 @@ async def run_orchestration(*, quick: bool = False) -> list[Figure]:
             timeout=300,
         ):
             pass
-        await ch.close()
+        await ch.close(grace=None)
 
         metadata = call_metadata(
             stack.issuer.caller_token(org_id=org, user_id="maria", roles=["manager"])
@@ -52,6 +55,7 @@ async def run_orchestration(*, quick: bool = False) -> list[Figure]:
 
         for _ in range(5):
             await one_run()
+        await _check_run_shape(stub, request, metadata)
         samples = []
         for _ in range(n):
             started = time.perf_counter()
@@ -74,8 +78,8 @@ async def run_orchestration(*, quick: bool = False) -> list[Figure]:
         started = time.perf_counter()
         await asyncio.gather(*(runner() for _ in range(50)))
         elapsed = time.perf_counter() - started
-        await orch.close()
-    seq = {"runs": n, "model_calls_per_run": 2, "retrievals": 1, "memory_recalls": 1}
+        await orch.close(grace=None)
+    seq = {"runs": n, "model_calls_per_run": 2, "retrievals": 2, "memory_recalls": 1}
     sustained = {"concurrency": 50, "seconds": sustain_seconds}
     return [
         Figure("run.orchestration.p50", percentile(samples, 50), "ms", seq),
@@ -83,3 +87,25 @@ async def run_orchestration(*, quick: bool = False) -> list[Figure]:
         Figure("run.sustained.runs_per_second", completed / elapsed, "runs/s", sustained),
         Figure("run.sustained.errors", float(errors), "runs", sustained),
     ]
+
+
+EXPECTED_STEPS = ["MEMORY_READ", "RETRIEVAL", "MODEL_CALL", "TOOL_CALL", "MODEL_CALL"]
+
+
+async def _check_run_shape(
+    stub: Any,
+    request: orchestrator_pb2.StartRunRequest,
+    metadata: tuple[tuple[str, str], ...],
+) -> None:
+    run = (await stub.StartRun(request, metadata=metadata, timeout=60)).run
+    steps = (
+        await stub.GetTrajectory(
+            orchestrator_pb2.GetTrajectoryRequest(run_id=run.run_id), metadata=metadata, timeout=10
+        )
+    ).steps
+    kinds = [orchestrator_pb2.StepKind.Name(s.kind).removeprefix("STEP_KIND_") for s in steps]
+    if run.state != orchestrator_pb2.RUN_STATE_COMPLETED or kinds != EXPECTED_STEPS:
+        raise RuntimeError(
+            f"a benchmark run ended {orchestrator_pb2.RunState.Name(run.state)} with steps "
+            f"{kinds}; the benchmark times runs of {EXPECTED_STEPS}"
+        )

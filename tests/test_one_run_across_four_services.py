@@ -112,21 +112,26 @@ def test_all_spans_of_a_run_share_one_trace_and_form_one_tree(
 ) -> None:
     run, trajectory = manager_run
 
-    def all_four_reported() -> list[Any] | None:
-        # Spans arrive in export batches; wait until the tree is closed at the top
-        # (the StartRun server span ends last) and every step's span has arrived.
-        spans = stack.otlp.spans(run.trace_id)
-        services = {s.service for s in spans}
-        wanted = {"cairn_gateway", "cairn_retrieval", "cairn_memory", "cairn_orchestrator"}
-        ids = {s.span_id for s in spans}
-        complete = (
-            wanted <= services
-            and any(not s.parent_span_id for s in spans)
-            and all(step.span_id in ids for step in trajectory.steps)
-        )
-        return spans if complete else None
+    wanted = {"cairn_gateway", "cairn_retrieval", "cairn_memory", "cairn_orchestrator"}
 
-    spans = wait_until(all_four_reported, timeout=20)
+    def missing() -> list[str]:
+        # Spans arrive in export batches; the tree is complete when it is closed at the
+        # top (the StartRun server span ends last) and every step's span has arrived.
+        spans = stack.otlp.spans(run.trace_id)
+        ids = {s.span_id for s in spans}
+        gaps = [f"no span from {svc}" for svc in sorted(wanted - {s.service for s in spans})]
+        if not any(not s.parent_span_id for s in spans):
+            gaps.append("no root span")
+        gaps += [
+            f"step {st.seq} span {st.span_id}" for st in trajectory.steps if st.span_id not in ids
+        ]
+        return gaps
+
+    try:
+        wait_until(lambda: not missing(), timeout=30)
+    except TimeoutError:
+        pytest.fail(f"the trace stayed incomplete: {missing()}")
+    spans = stack.otlp.spans(run.trace_id)
     by_id = {s.span_id: s for s in spans}
     roots = [s for s in spans if not s.parent_span_id]
     assert len(roots) == 1, [(s.service, s.name) for s in roots]

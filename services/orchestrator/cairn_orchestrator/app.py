@@ -8,9 +8,12 @@ trajectory (I11), which is better than an orchestrator that refuses to start.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import grpc
@@ -19,10 +22,20 @@ import structlog
 from cairn.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from cairn_libs.db import Database
 from cairn_libs.identity import DEFAULT_AUDIENCE, DEFAULT_ISSUER, TokenIssuer
+from cairn_orchestrator.confirmations import DEFAULT_CONFIRMATION_TTL_SECONDS
+from cairn_orchestrator.conversation import ConversationArchiver
 from cairn_orchestrator.knowledge_tool import search_knowledge_tool
 from cairn_orchestrator.loop import LoopSettings, RunLoop
+from cairn_orchestrator.memory_tools import memory_tools
+from cairn_orchestrator.note_tool import append_note_tool
 from cairn_orchestrator.orchestrator import Orchestrator
-from cairn_orchestrator.postgres import SCHEMA, PostgresRunStore, migrations
+from cairn_orchestrator.ports import SystemClock
+from cairn_orchestrator.postgres import (
+    DEFAULT_LEASE_SECONDS,
+    SCHEMA,
+    PostgresRunStore,
+    migrations,
+)
 from cairn_orchestrator.remote import GatewayClient, MemoryClient, RetrievalClient
 from cairn_orchestrator.servicer import OrchestratorServicer
 from cairn_orchestrator.specs import load_agent_specs
@@ -48,6 +61,12 @@ class OrchestratorConfig:
     jwt_audience: str = DEFAULT_AUDIENCE
     stream_poll_seconds: float = 0.2
     max_completion_tokens: int = 1024
+    # What a `remember` card promises; set it to the memory service's own value.
+    memory_ttl_days: float = 90.0
+    confirmation_ttl_seconds: float = DEFAULT_CONFIRMATION_TTL_SECONDS
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    # Tests only: register the counted `append_note` write tool (note_tool.py).
+    test_write_tool: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OrchestratorConfig:
@@ -72,6 +91,12 @@ class OrchestratorConfig:
             jwt_audience=env.get("CAIRN_JWT_AUDIENCE", DEFAULT_AUDIENCE),
             stream_poll_seconds=_positive_float(env, "CAIRN_STREAM_POLL_SECONDS", 0.2),
             max_completion_tokens=int(_positive_float(env, "CAIRN_MAX_COMPLETION_TOKENS", 1024)),
+            memory_ttl_days=_positive_float(env, "CAIRN_MEMORY_TTL_DAYS", 90.0),
+            confirmation_ttl_seconds=_positive_float(
+                env, "CAIRN_CONFIRMATION_TTL_SECONDS", DEFAULT_CONFIRMATION_TTL_SECONDS
+            ),
+            lease_seconds=_positive_float(env, "CAIRN_RUN_LEASE_SECONDS", DEFAULT_LEASE_SECONDS),
+            test_write_tool=env.get("CAIRN_TEST_WRITE_TOOL", "").strip() == "1",
         )
 
 
@@ -97,13 +122,23 @@ class OrchestratorApp:
 
     def __init__(self, config: OrchestratorConfig) -> None:
         self._db = Database(url=config.database_url, schema=SCHEMA, migrations=migrations())
-        store = PostgresRunStore(self._db)
+        store = PostgresRunStore(self._db, lease_seconds=config.lease_seconds)
+        # Upkeep (leases, recovery, expiry) runs a few times per lease.
+        self._upkeep_seconds = max(config.lease_seconds / 3, 0.2)
+        self._upkeep: asyncio.Task[None] | None = None
         self._gateway = GatewayClient(config.gateway_addr)
         self._retrieval = RetrievalClient(config.retrieval_addr) if config.retrieval_addr else None
         self._memory = MemoryClient(config.memory_addr) if config.memory_addr else None
 
+        clock = SystemClock()
         registry = ToolRegistry()
         registry.register(search_knowledge_tool(self._retrieval))
+        for tool in memory_tools(
+            self._memory, clock=clock, ttl=timedelta(days=config.memory_ttl_days)
+        ):
+            registry.register(tool)
+        if config.test_write_tool:
+            registry.register(append_note_tool(self._db))
         catalog = load_agent_specs(config.agents_dir, known_tools=registry.names())
 
         issuer = TokenIssuer.from_file(
@@ -120,10 +155,21 @@ class OrchestratorApp:
             memory=self._memory,
             registry=registry,
             mint_actor_token=mint_actor_token,
-            settings=LoopSettings(max_completion_tokens=config.max_completion_tokens),
+            settings=LoopSettings(
+                max_completion_tokens=config.max_completion_tokens,
+                confirmation_ttl_seconds=config.confirmation_ttl_seconds,
+            ),
+            conversation=ConversationArchiver(self._memory),
+            confirmations=store,
         )
+        self._loop = loop
         self.orchestrator = Orchestrator(
-            catalog=catalog, loop=loop, store=store, stream_poll_seconds=config.stream_poll_seconds
+            catalog=catalog,
+            loop=loop,
+            store=store,
+            confirmations=store,
+            stream_poll_seconds=config.stream_poll_seconds,
+            confirmation_ttl_seconds=config.confirmation_ttl_seconds,
         )
         log.info(
             "orchestrator.configured",
@@ -131,6 +177,8 @@ class OrchestratorApp:
             gateway=config.gateway_addr,
             retrieval=config.retrieval_addr or NOT_CONFIGURED,
             memory=config.memory_addr or NOT_CONFIGURED,
+            lease_owner=store.owner,
+            test_write_tool=config.test_write_tool,
         )
 
     @classmethod
@@ -144,12 +192,32 @@ class OrchestratorApp:
         return [SERVICE_NAME]
 
     async def start(self) -> None:
-        """Nothing to wait for: the database connects on the first readiness check."""
+        """Nothing to wait for: the database connects on the first readiness check.
+        The upkeep starts at once and recovers runs an earlier process left behind
+        as soon as the database answers."""
+        self._upkeep = asyncio.create_task(self._keep_up())
+
+    async def _keep_up(self) -> None:
+        while True:
+            if await self._db.ready():
+                break
+            await asyncio.sleep(self._upkeep_seconds)
+        while True:
+            try:
+                await self.orchestrator.keep_up()
+            except Exception:
+                log.exception("orchestrator.upkeep_failed")
+            await asyncio.sleep(self._upkeep_seconds)
 
     async def ready(self) -> bool:
         return await self._db.ready()
 
     async def stop(self) -> None:
+        if self._upkeep is not None:
+            self._upkeep.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._upkeep
+        await self._loop.stop()
         await self._gateway.close()
         if self._retrieval is not None:
             await self._retrieval.close()

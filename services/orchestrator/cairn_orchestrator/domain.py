@@ -23,7 +23,9 @@ Tier = Literal["fast", "balanced", "deep"]
 TIERS: tuple[Tier, ...] = ("fast", "balanced", "deep")
 Role = Literal["system", "user", "assistant", "tool"]
 TurnRole = Literal["user", "assistant"]
-Phase = Literal["call_model", "execute_tools", "finished"]
+Phase = Literal["call_model", "execute_tools", "confirm_writes", "finished"]
+PHASES: tuple[Phase, ...] = ("call_model", "execute_tools", "confirm_writes", "finished")
+Decision = Literal["approve", "deny"]
 
 ADMIN_ROLE = "admin"
 
@@ -40,6 +42,11 @@ class RunState(StrEnum):
     def at_rest(self) -> bool:
         """True once nothing will happen to the run without a person acting."""
         return self is not RunState.RUNNING
+
+    @property
+    def terminal(self) -> bool:
+        """True once nothing will ever happen to the run again."""
+        return self not in (RunState.RUNNING, RunState.CONFIRMATION_PENDING)
 
 
 class StepKind(StrEnum):
@@ -369,6 +376,66 @@ class RecallOutcome:
     memories: tuple[RecalledMemory, ...]
     mode: str
     mode_reason: str
+    profile: tuple[ProfileFact, ...] = ()
+
+
+SubjectKindName = Literal["WORKSPACE", "USER", "CANDIDATE", "EMPLOYEE", "CUSTOMER"]
+SUBJECT_KINDS: tuple[SubjectKindName, ...] = (
+    "WORKSPACE",
+    "USER",
+    "CANDIDATE",
+    "EMPLOYEE",
+    "CUSTOMER",
+)
+ClaimTypeName = Literal["UNKNOWN", "USER_STATEMENT", "INFERENCE"]
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySubject:
+    """Whom (or what) a memory is about; `id` is empty only for the workspace."""
+
+    kind: SubjectKindName
+    id: str = ""
+
+    @property
+    def is_person(self) -> bool:
+        return self.kind != "WORKSPACE"
+
+
+@dataclass(frozen=True, slots=True)
+class RememberOutcome:
+    memory: RecalledMemory
+    already_held: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileFact:
+    """A stable keyed fact about a subject, as the memory service holds it now."""
+
+    subject_kind: str
+    subject_id: str
+    key: str
+    value: str
+    author_kind: str
+    author_id: str
+    run_id: str
+    created_at: datetime | None
+    expires_at: datetime | None
+    readable: bool = True
+    earlier_values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ArchivedBlock:
+    """A verbatim conversation block kept in the memory service's archive."""
+
+    block_id: str
+    label: str
+    role: str
+    content: str
+    conversation_id: str
+    created_at: datetime | None
+    readable: bool = True
 
 
 # ---------------------------------------------------------------- runs and steps
@@ -422,8 +489,12 @@ class Run:
     updated_at: datetime
     answer: str = ""
     citations: tuple[Citation, ...] = ()
+    # The run's root span (invoke_agent): a resumed run's spans join the same trace.
+    root_span_id: str = ""
     reason: str = ""
     usage: RunUsage = field(default_factory=RunUsage)
+    # Set while the run waits at CONFIRMATION_PENDING: what the person is asked.
+    pending_confirmation: PendingConfirmation | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,15 +536,93 @@ class ConfirmationCard:
     details: tuple[CardDetail, ...] = ()
     warnings: tuple[str, ...] = ()
 
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "summary": self.summary,
+            "details": [{"label": d.label, "value": d.value} for d in self.details],
+            "warnings": list(self.warnings),
+        }
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> ConfirmationCard:
+        return cls(
+            summary=str(value["summary"]),
+            details=tuple(
+                CardDetail(label=str(d["label"]), value=str(d["value"]))
+                for d in value.get("details", ())
+            ),
+            warnings=tuple(str(w) for w in value.get("warnings", ())),
+        )
+
+
+class ConfirmationState(StrEnum):
+    """A proposed write's life: PENDING until a person decides, then either DENIED,
+    or APPROVED -> EXECUTING (the write was handed to its target) -> EXECUTED (its
+    result is recorded). EXPIRED: nobody decided in time. ABANDONED: the run ended
+    before the write could finish (the reason is on the run)."""
+
+    PENDING = "PENDING"
+    APPROVED = "APPROVED"
+    EXECUTING = "EXECUTING"
+    EXECUTED = "EXECUTED"
+    DENIED = "DENIED"
+    EXPIRED = "EXPIRED"
+    ABANDONED = "ABANDONED"
+
 
 @dataclass(frozen=True, slots=True)
 class PendingConfirmation:
+    """A confirmation as the panel lists it."""
+
     confirmation_token: str
     run_id: str
     tool_name: str
     card: ConfirmationCard
     created_at: datetime
     expires_at: datetime
+    user_id: str = ""
+    state: ConfirmationState = ConfirmationState.PENDING
+
+
+@dataclass(frozen=True, slots=True)
+class Confirmation:
+    """A proposed write and everything decided about it, as stored."""
+
+    token: str
+    org_id: str
+    run_id: str
+    # The run's owner: the only person who may resolve it.
+    user_id: str
+    call: ToolCallRequest
+    card: ConfirmationCard
+    state: ConfirmationState
+    created_at: datetime
+    expires_at: datetime
+    resolved_by: str = ""
+    resolved_at: datetime | None = None
+    decision: Decision | None = None
+    note: str = ""
+    # Set when the orchestrator stopped after the approval and before the run ended.
+    interrupted_at: datetime | None = None
+    executions: int = 0
+    # The dispatcher's outcome of the write (ToolCallOutcome.detail()), once recorded.
+    result: Mapping[str, JSONValue] | None = None
+
+    @property
+    def tool_name(self) -> str:
+        return self.call.name
+
+
+@dataclass(frozen=True, slots=True)
+class ConfirmationProposal:
+    """What the loop asks the store to keep when a write is proposed. The store
+    sets the expiry from its own clock (`ttl_seconds` from now), the same clock
+    every orchestrator process judges expiry and leases by."""
+
+    token: str
+    call: ToolCallRequest
+    card: ConfirmationCard
+    ttl_seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -492,11 +641,23 @@ class RunEventKind(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class StepStart:
+    """A step as it begins: not yet numbered (seq comes when it is recorded); the
+    span id is what matches it to its STEP_FINISHED."""
+
+    kind: StepKind
+    name: str
+    span_id: str
+    started_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class RunEvent:
     kind: RunEventKind
     step: Step | None = None
     run: Run | None = None
     answer_delta: str = ""
+    started: StepStart | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -524,6 +685,16 @@ class LoopState:
     pending_calls: tuple[ToolCallRequest, ...] = ()
     # Who answered the last model call: a turn holding its tool calls must go back to it.
     last_provider: str = ""
+    # Seconds the run has been working (a wait for a person does not count against
+    # the wall-time budget), as of the moment this state was written.
+    active_seconds: float = 0.0
+    # How many leading messages are the prepared turn (system prompt, user message):
+    # a re-run of the turn starts again from exactly these.
+    opening: int = 2
+    # A write was proposed in this run: it is never replayed on another provider (I4).
+    carried_confirmation: bool = False
+    # The turn was already re-run once after a provider refused to continue it.
+    reran_turn: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -533,12 +704,16 @@ class LoopState:
             "next_phase": self.next_phase,
             "pending_calls": [c.to_json() for c in self.pending_calls],
             "last_provider": self.last_provider,
+            "active_seconds": self.active_seconds,
+            "opening": self.opening,
+            "carried_confirmation": self.carried_confirmation,
+            "reran_turn": self.reran_turn,
         }
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> LoopState:
         phase = value["next_phase"]
-        if phase not in ("call_model", "execute_tools", "finished"):
+        if phase not in PHASES:
             raise ValueError(f"stored next_phase {phase!r} is not a phase of the loop")
         return cls(
             messages=tuple(ChatMessage.from_json(m) for m in value["messages"]),
@@ -549,6 +724,10 @@ class LoopState:
                 ToolCallRequest.from_json(c) for c in value.get("pending_calls", ())
             ),
             last_provider=str(value.get("last_provider", "")),
+            active_seconds=float(value.get("active_seconds", 0.0)),
+            opening=int(value.get("opening", 2)),
+            carried_confirmation=bool(value.get("carried_confirmation", False)),
+            reran_turn=bool(value.get("reran_turn", False)),
         )
 
 

@@ -8,7 +8,12 @@
     ├── RunNotVisible            a run of someone else, or none at all      PERMISSION_DENIED (I6)
     ├── DependencyFailed         gateway, retrieval or memory call failed   UNAVAILABLE
     ├── StoreUnavailable         the run store (PostgreSQL) failed          UNAVAILABLE
-    └── ConfirmationsNotYetAvailable  confirmations are not built yet      UNIMPLEMENTED
+    │   └── RunTakenOver         another orchestrator took the run's lease  UNAVAILABLE
+    └── ConfirmationClosed       the confirmation expired or was already    FAILED_PRECONDITION
+                                 decided the other way
+
+A confirmation token that is not the caller's (or not a person's to resolve,
+or does not exist) is RunNotVisible: the one denial (I6).
 
 Inside a run most of these never reach the caller: a failed retrieval, memory
 read or tool is recorded as a step error (I3, I11), and a failed model call ends
@@ -20,10 +25,10 @@ from __future__ import annotations
 
 from cairn_libs.errors import (
     CairnError,
+    Conflict,
     Denied,
     DependencyUnavailable,
     InvalidInput,
-    NotConfigured,
 )
 
 
@@ -64,21 +69,31 @@ class RunNotVisible(OrchestratorError, Denied):
 
 
 class DependencyFailed(OrchestratorError, DependencyUnavailable):
-    """A call to gateway, retrieval or memory failed; `code` is the gRPC status name."""
+    """A call to gateway, retrieval or memory failed; `status_code` is the gRPC status
+    name and `reason` the callee's google.rpc ErrorInfo reason, when it sent one."""
 
-    def __init__(self, service: str, code: str, message: str) -> None:
+    def __init__(self, service: str, code: str, message: str, *, reason: str = "") -> None:
         super().__init__(f"the {service} service failed ({code}): {message}")
         self.service = service
         self.status_code = code
         self.detail = message
+        self.reason = reason
 
 
 class StoreUnavailable(OrchestratorError, DependencyUnavailable):
     pass
 
 
-class ConfirmationsNotYetAvailable(OrchestratorError, NotConfigured):
-    def __init__(self) -> None:
+class RunTakenOver(StoreUnavailable):
+    """This orchestrator's lease on a run ran out and another one took the run over;
+    whatever this one was doing for it stops without writing anything more."""
+
+    def __init__(self, run_id: str) -> None:
         super().__init__(
-            "confirmations arrive with the orchestrator issue; this build proposes no writes"
+            f"run {run_id!r} was taken over by another orchestrator after this one's lease ran out"
         )
+        self.run_id = run_id
+
+
+class ConfirmationClosed(OrchestratorError, Conflict):
+    """The confirmation cannot take this decision any more; the message says why."""

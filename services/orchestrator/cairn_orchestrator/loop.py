@@ -12,29 +12,69 @@ Each step runs under its own span (children of `invoke_agent {agent}`) and is
 stored with that span's id. Failures of memory, retrieval and tools are recorded
 as data and the run goes on (I3, I11); a failed model call ends the run FAILED
 with the reason. After every step the loop state is persisted, so `_drive` can be
-entered again from any phase: that is how a confirmed write will resume a run.
+entered again from any phase.
+
+Writes (I4). Reads the model asks for in a turn run first, concurrently; each
+write of that turn then waits for its person: the run stops at
+CONFIRMATION_PENDING with the write's card and its state persisted. A person's
+ResolveConfirmation continues it from that state (`resolve`): an approval hands
+the write to its target once (the confirmation token is its idempotency key),
+records the result with the state after it, and drives on; a denial reaches the
+model as a tool message. No earlier model or tool call is made again.
+
+A run is a task of its own: a caller who hangs up does not stop it half way, and
+the process renews the lease of every run it is driving (`active_run_ids`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from datetime import datetime
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, suppress
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
+from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
 
+from cairn_libs.errors import CairnError
 from cairn_libs.identity import Principal
 from cairn_libs.telemetry import bound_run, span_id_hex, trace_id_hex
+from cairn_orchestrator.confirmations import (
+    DEFAULT_CONFIRMATION_TTL_SECONDS,
+    AlreadyDecided,
+    Claim,
+    Expire,
+    ProposalRefused,
+    Refuse,
+    Reject,
+    Resolver,
+    after_resolved_write,
+    looks_like_token,
+    new_confirmation_token,
+    propose_write,
+    split_planned,
+)
+from cairn_orchestrator.conversation import ConversationArchiver, plan_conversation, window_lines
 from cairn_orchestrator.domain import (
     AgentSpec,
     CallCredentials,
     Citation,
+    Confirmation,
+    ConfirmationState,
     ConversationTurn,
+    Decision,
     ErrorValue,
     JSONValue,
     KnowledgeChunk,
@@ -48,9 +88,17 @@ from cairn_orchestrator.domain import (
     RunState,
     StepKind,
     StepRecord,
+    StepStart,
     new_run_id,
 )
-from cairn_orchestrator.errors import DependencyFailed, StoreUnavailable
+from cairn_orchestrator.errors import (
+    ConfirmationClosed,
+    DependencyFailed,
+    RunNotVisible,
+    StoreUnavailable,
+)
+from cairn_orchestrator.events import RunSignals
+from cairn_orchestrator.failover import RerunTurn, after_refused_call
 from cairn_orchestrator.phases import (
     DEFAULT_MAX_COMPLETION_TOKENS,
     FinalAnswer,
@@ -70,6 +118,7 @@ from cairn_orchestrator.phases import (
 )
 from cairn_orchestrator.ports import (
     Clock,
+    ConfirmationStore,
     KnowledgeSearch,
     MemoryRecall,
     ModelGateway,
@@ -87,10 +136,12 @@ ActorTokenMinter = Callable[[str, str], str]
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """The verified caller and their own token, passed on to every call (I1)."""
+    """The verified caller and their own token, passed on to every call (I1).
+    `is_person` is False when the call carries an actor token (a service acting)."""
 
     principal: Principal
     token: str
+    is_person: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +151,11 @@ class LoopSettings:
     max_completion_tokens: int = DEFAULT_MAX_COMPLETION_TOKENS
     dependency_timeout_seconds: float = 15.0
     model_timeout_seconds: float = 120.0
+    confirmation_ttl_seconds: float = DEFAULT_CONFIRMATION_TTL_SECONDS
+    # A second approval of a write already being carried out waits this long for
+    # the run to come to rest, so both callers see the same outcome.
+    settle_seconds: float = 30.0
+    settle_poll_seconds: float = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +181,11 @@ class RunLoop:
         mint_actor_token: ActorTokenMinter,
         clock: Clock | None = None,
         settings: LoopSettings | None = None,
+        conversation: ConversationArchiver | None = None,
+        confirmations: ConfirmationStore | None = None,
+        signals: RunSignals | None = None,
     ) -> None:
+        self._conversation = conversation or ConversationArchiver(None)
         self._store = store
         self._gateway = gateway
         self._retrieval = retrieval
@@ -134,10 +194,60 @@ class RunLoop:
         self._mint_actor_token = mint_actor_token
         self._clock: Clock = clock or SystemClock()
         self._settings = settings or LoopSettings()
+        # Without a confirmation store no person can be asked, so writes are refused.
+        self._confirmations = confirmations
+        self.signals = signals or RunSignals()
+        self._active: set[str] = set()
+        self._tasks: set[asyncio.Task[Run]] = set()
+
+    def active_run_ids(self) -> tuple[str, ...]:
+        """The runs this process is driving right now (their leases are renewed)."""
+        return tuple(self._active)
+
+    async def stop(self) -> None:
+        """Stop driving: cancel the runs in flight and give up their leases, so the
+        recovery sweep (of this or another process) deals with them at once."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._confirmations is not None:
+            try:
+                await self._confirmations.release_leases()
+            except StoreUnavailable:
+                log.warning("runs.leases_not_released")
+
+    async def _own(self, work: Coroutine[Any, Any, Run]) -> Run:
+        """Drive a run as its own task; the request awaits it, but cancelling the
+        request (a caller who hangs up) does not cancel the run."""
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_observe)
+        return await asyncio.shield(task)
 
     # ------------------------------------------------------------ entry
 
     async def start(
+        self,
+        *,
+        spec: AgentSpec,
+        caller: Caller,
+        question: str,
+        conversation_id: str,
+        earlier: Sequence[ConversationTurn],
+    ) -> Run:
+        return await self._own(
+            self._start(
+                spec=spec,
+                caller=caller,
+                question=question,
+                conversation_id=conversation_id,
+                earlier=earlier,
+            )
+        )
+
+    async def _start(
         self,
         *,
         spec: AgentSpec,
@@ -168,6 +278,7 @@ class RunLoop:
                 conversation_id=conversation_id,
                 earlier_turns=earlier,
                 trace_id=trace_id_hex(span),
+                root_span_id=span_id_hex(span),
             )
             log.info("run.started", agent=spec.name)
             scope = _RunScope(
@@ -179,24 +290,235 @@ class RunLoop:
                 ),
                 started=started,
             )
+            self._active.add(run_id)
             try:
-                state = await self._open(scope, question=question, earlier=earlier)
-                finished = await self._drive(scope, state)
-            except StoreUnavailable:
-                span.set_status(Status(StatusCode.ERROR, "run store unavailable"))
-                raise
-            except Exception as exc:
-                log.exception("run.crashed")
-                finished = await self._finish(
-                    scope,
-                    RunState.FAILED,
-                    None,
-                    reason=f"the orchestrator failed unexpectedly ({type(exc).__name__})",
+                return await self._guarded(
+                    scope, span, self._open_and_drive(scope, question=question, earlier=earlier)
                 )
-            span.set_attribute("cairn.run_state", finished.state.value)
-            if finished.state is not RunState.COMPLETED:
-                span.set_status(Status(StatusCode.ERROR, finished.state.value))
-            return finished
+            finally:
+                self._active.discard(run_id)
+
+    async def _open_and_drive(
+        self, scope: _RunScope, *, question: str, earlier: Sequence[ConversationTurn]
+    ) -> Run:
+        state = await self._open(scope, question=question, earlier=earlier)
+        # A re-run of the turn starts again from exactly these messages.
+        return await self._drive(scope, replace(state, opening=len(state.messages)))
+
+    async def _guarded(self, scope: _RunScope, span: Span, work: Awaitable[Run]) -> Run:
+        """Await the run's work, and turn anything unexpected into a FAILED run with
+        the reason rather than a run silently left RUNNING."""
+        try:
+            finished = await work
+        except StoreUnavailable:
+            span.set_status(Status(StatusCode.ERROR, "run store unavailable"))
+            raise
+        except Exception as exc:
+            log.exception("run.crashed")
+            finished = await self._finish(
+                scope,
+                RunState.FAILED,
+                None,
+                reason=f"the orchestrator failed unexpectedly ({type(exc).__name__})",
+            )
+        span.set_attribute("cairn.run_state", finished.state.value)
+        if finished.state not in (RunState.COMPLETED, RunState.CONFIRMATION_PENDING):
+            span.set_status(Status(StatusCode.ERROR, finished.state.value))
+        return finished
+
+    # ------------------------------------------------------------ a person resolves a write
+
+    async def resolve(
+        self,
+        *,
+        caller: Caller,
+        token: str,
+        decision: Decision,
+        note: str,
+        spec_for: Callable[[str], AgentSpec | None],
+    ) -> Run:
+        """Approve or deny a proposed write, then continue its run from its recorded
+        state; the run is at rest again when this returns."""
+        return await self._own(
+            self._resolve(
+                caller=caller, token=token, decision=decision, note=note, spec_for=spec_for
+            )
+        )
+
+    async def _resolve(
+        self,
+        *,
+        caller: Caller,
+        token: str,
+        decision: Decision,
+        note: str,
+        spec_for: Callable[[str], AgentSpec | None],
+    ) -> Run:
+        confirmations = self._confirmations
+        if confirmations is None or not looks_like_token(token):
+            raise RunNotVisible()
+        resolver = Resolver(
+            org_id=caller.principal.org_id,
+            user_id=caller.principal.user_id,
+            is_person=caller.is_person,
+        )
+        with tracer.start_as_current_span(
+            "resolve_confirmation", attributes={"cairn.decision": decision}
+        ) as span:
+            record = await confirmations.resolve_confirmation(
+                org_id=caller.principal.org_id,
+                token=token,
+                resolver=resolver,
+                decision=decision,
+                note=note,
+                span_id=span_id_hex(span),
+                started_at=self._clock.now(),
+            )
+            link = Link(span.get_span_context())
+        outcome = record.resolution
+        if isinstance(outcome, Refuse):
+            raise RunNotVisible()
+        assert record.run is not None and record.confirmation is not None
+        run = record.run
+        if isinstance(outcome, Expire):
+            self.signals.changed(run.run_id)
+            log.info("confirmation.expired", run_id=run.run_id)
+            raise ConfirmationClosed(outcome.reason)
+        if isinstance(outcome, Reject):
+            raise ConfirmationClosed(outcome.message)
+        if isinstance(outcome, AlreadyDecided):
+            return await self._settled(run)
+        assert isinstance(outcome, Claim) and record.loop_state is not None
+        self.signals.changed(run.run_id)
+        return await self._continue(
+            run, record.confirmation, outcome, record.loop_state, caller, spec_for(run.agent), link
+        )
+
+    async def _continue(
+        self,
+        run: Run,
+        confirmation: Confirmation,
+        claim: Claim,
+        state: LoopState,
+        caller: Caller,
+        spec: AgentSpec | None,
+        link: Link,
+    ) -> Run:
+        attributes = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": run.agent,
+            "cairn.run_id": run.run_id,
+            "cairn.resumed": True,
+        }
+        # The resumed part joins the run's own trace (one run, one trace), linked to
+        # the request of the person who resolved it.
+        with (
+            tracer.start_as_current_span(
+                f"invoke_agent {run.agent}",
+                context=_run_trace_context(run),
+                links=[link],
+                attributes=attributes,
+            ) as span,
+            bound_run(run.run_id),
+        ):
+            log.info(
+                "run.resumed",
+                decision=claim.decision,
+                after_interruption=claim.resumed,
+                tool=confirmation.tool_name,
+            )
+            if spec is None:
+                return await self._store.finish_run(
+                    org_id=run.org_id,
+                    run_id=run.run_id,
+                    state=RunState.FAILED,
+                    loop_state=state,
+                    usage=state.usage,
+                    reason=f"agent {run.agent!r} is no longer loaded by this orchestrator, so "
+                    "the run could not continue; the write did not run",
+                )
+            scope = _RunScope(
+                run=run,
+                spec=spec,
+                principal=caller.principal,
+                credentials=CallCredentials(
+                    caller_token=caller.token,
+                    actor_token=self._mint_actor_token(run.run_id, spec.name),
+                ),
+                # Time spent waiting for the person does not count against the budget.
+                started=self._clock.now() - timedelta(seconds=state.active_seconds),
+            )
+            self._active.add(run.run_id)
+            try:
+                return await self._guarded(
+                    scope, span, self._carry_out_and_drive(scope, state, confirmation, claim)
+                )
+            finally:
+                self._active.discard(run.run_id)
+
+    async def _carry_out_and_drive(
+        self, scope: _RunScope, state: LoopState, confirmation: Confirmation, claim: Claim
+    ) -> Run:
+        if claim.decision == "approve":
+            state = await self._carry_out(scope, state, confirmation)
+        return await self._drive(scope, state)
+
+    async def _carry_out(
+        self, scope: _RunScope, state: LoopState, confirmation: Confirmation
+    ) -> LoopState:
+        """Hand the approved write to its target, once: the store marks it EXECUTING
+        first (a crash from here on leaves a trace of it) and records the result
+        with the state after it in one transaction. A write already EXECUTED (a
+        crash after it was recorded) is not run again; `state` already holds it."""
+        confirmations = self._confirmations
+        assert confirmations is not None
+        call = confirmation.call
+        attributes = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": call.name,
+            "gen_ai.tool.call.id": call.id,
+            "cairn.confirmed": True,
+        }
+        with self._span(f"execute_tool {call.name}", scope, attributes) as span:
+            started = self._clock.now()
+            begun = await confirmations.begin_write(
+                org_id=scope.run.org_id, run_id=scope.run.run_id, token=confirmation.token
+            )
+            if begun.state is ConfirmationState.EXECUTED:
+                return state
+            context = self._context(scope, state, confirmation_token=confirmation.token)
+            outcome = await dispatch(self._registry, call, context)
+            _mark(span, outcome.error)
+        detail = {**outcome.detail(), "confirmed": True, "attempt": begun.executions}
+        after = after_resolved_write(state, outcome)
+        await confirmations.record_write(
+            org_id=scope.run.org_id,
+            run_id=scope.run.run_id,
+            token=confirmation.token,
+            result=outcome.detail(),
+            step=self._step(StepKind.TOOL_CALL, call.name, span, started, detail, outcome.error),
+            loop_state=after,
+        )
+        self.signals.changed(scope.run.run_id)
+        log.info("confirmation.executed", tool=call.name, attempt=begun.executions)
+        return after
+
+    async def _settled(self, run: Run) -> Run:
+        """A run another request is driving, once it is at rest (or as it stands
+        when the wait runs out)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settings.settle_seconds
+        with self.signals.follow(run.run_id) as wake:
+            while not run.state.at_rest and loop.time() < deadline:
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(wake.get(), timeout=self._settings.settle_poll_seconds)
+                current = await self._store.get_run(
+                    org_id=run.org_id, run_id=run.run_id, user_id=None
+                )
+                if current is None:
+                    break
+                run = current
+        return run
 
     # ------------------------------------------------------------ opening: memory and knowledge
 
@@ -204,8 +526,14 @@ class RunLoop:
         self, scope: _RunScope, *, question: str, earlier: Sequence[ConversationTurn]
     ) -> LoopState:
         book = LabelBook()
-        (memory_step, memories), (knowledge_step, knowledge) = await asyncio.gather(
-            self._read_memory(scope, question), self._prefetch_knowledge(scope, question, book)
+        (
+            (memory_step, memories),
+            (knowledge_step, knowledge),
+            (conversation_step, window),
+        ) = await asyncio.gather(
+            self._read_memory(scope, question),
+            self._prefetch_knowledge(scope, question, book),
+            self._compact_conversation(scope, earlier),
         )
         state = prepare_turn(
             spec=scope.spec,
@@ -214,10 +542,10 @@ class RunLoop:
             memories=memories,
             knowledge=knowledge,
             earlier=earlier,
+            conversation=window,
         )
-        for record in (memory_step, knowledge_step):
-            if record is not None:
-                await self._record(scope, record, state)
+        opening = [r for r in (memory_step, knowledge_step, conversation_step) if r is not None]
+        await self._record_many(scope, opening, state)
         return state
 
     async def _read_memory(
@@ -249,6 +577,33 @@ class RunLoop:
             detail |= {"count": len(memories), "memory_ids": [m.memory_id for m in memories]}
             _mark(span, error)
         return self._step(StepKind.MEMORY_READ, "memory", span, started, detail, error), memories
+
+    async def _compact_conversation(
+        self, scope: _RunScope, earlier: Sequence[ConversationTurn]
+    ) -> tuple[StepRecord | None, tuple[str, ...]]:
+        """The conversation window; turns too large to travel whole are archived
+        first and named by reference (conversation.py decides, this only calls)."""
+        plan = plan_conversation(earlier)
+        if not plan.to_archive:
+            return None, window_lines(plan, {})
+        with self._span(
+            "archive_conversation", scope, {"gen_ai.operation.name": "archive_conversation"}
+        ) as span:
+            started = self._clock.now()
+            compacted = await self._conversation.compact(
+                plan,
+                org_id=scope.principal.org_id,
+                user_id=scope.principal.user_id,
+                # A run without a conversation still archives into one of its own.
+                conversation_id=scope.run.conversation_id or scope.run.run_id,
+                credentials=scope.credentials,
+                deadline_seconds=self._timeout(scope),
+            )
+            _mark(span, compacted.error)
+        record = self._step(
+            StepKind.MEMORY_READ, "conversation", span, started, compacted.detail, compacted.error
+        )
+        return record, compacted.lines
 
     async def _prefetch_knowledge(
         self, scope: _RunScope, question: str, book: LabelBook
@@ -288,7 +643,14 @@ class RunLoop:
 
     async def _drive(self, scope: _RunScope, state: LoopState) -> Run:
         spec = scope.spec
+        confirmable = self._confirmations is not None
         while True:
+            if state.next_phase == "confirm_writes":
+                proposed = await self._propose(scope, state)
+                if isinstance(proposed, Run):
+                    return proposed
+                state = proposed
+                continue
             if state.next_phase == "execute_tools":
                 exhausted = wall_time_exhaustion(spec.budgets, elapsed_seconds=self._elapsed(scope))
                 if exhausted is not None:
@@ -296,7 +658,7 @@ class RunLoop:
                         scope, RunState.BUDGET_EXHAUSTED, state, reason=exhausted
                     )
                 planned = tuple(
-                    plan_tool_call(c, spec=spec, registry=self._registry)
+                    plan_tool_call(c, spec=spec, registry=self._registry, confirmable=confirmable)
                     for c in state.pending_calls
                 )
                 state = await self._execute(scope, state, planned)
@@ -316,36 +678,114 @@ class RunLoop:
             )
             reply, record, failure = await self._call_model(scope, request)
             if reply is None:
-                await self._record(scope, record, state)
                 assert failure is not None
                 # A call cut short by the run's own deadline is the budget, not the gateway.
                 wall = wall_time_exhaustion(spec.budgets, elapsed_seconds=self._elapsed(scope))
+                refusal = (
+                    None
+                    if wall is not None
+                    else after_refused_call(state, request.messages, failure)
+                )
+                if isinstance(refusal, RerunTurn):
+                    state = refusal.state
+                    await self._record(
+                        scope,
+                        replace(record, detail={**record.detail, "rerun": refusal.note}),
+                        state,
+                    )
+                    log.info("run.turn_rerun", provider=request.pinned_provider)
+                    continue
+                ended = (record,)
                 if wall is not None:
-                    return await self._finish(scope, RunState.BUDGET_EXHAUSTED, state, reason=wall)
+                    return await self._finish(
+                        scope, RunState.BUDGET_EXHAUSTED, state, reason=wall, steps=ended
+                    )
+                if isinstance(refusal, StopRun):
+                    return await self._finish(
+                        scope, refusal.state, state, reason=refusal.reason, steps=ended
+                    )
                 return await self._finish(
                     scope,
                     RunState.FAILED,
                     state,
                     reason=f"the model call failed: {failure.message}",
+                    steps=ended,
                 )
             state = after_model_reply(state, reply)
-            await self._record(scope, record, state)
             decision = plan_after_reply(
                 reply,
                 state=state,
                 spec=spec,
                 registry=self._registry,
                 elapsed_seconds=self._elapsed(scope),
+                confirmable=confirmable,
             )
             if isinstance(decision, FinalAnswer):
                 citations = resolve_citations(decision.text, state.knowledge)
                 return await self._finish(
-                    scope, RunState.COMPLETED, state, answer=decision.text, citations=citations
+                    scope,
+                    RunState.COMPLETED,
+                    state,
+                    answer=decision.text,
+                    citations=citations,
+                    steps=(record,),
                 )
             if isinstance(decision, StopRun):
-                return await self._finish(scope, decision.state, state, reason=decision.reason)
+                return await self._finish(
+                    scope, decision.state, state, reason=decision.reason, steps=(record,)
+                )
             assert isinstance(decision, RunToolCalls)
+            await self._record(scope, record, state)
             state = await self._execute(scope, state, decision.calls)
+
+    async def _propose(self, scope: _RunScope, state: LoopState) -> Run | LoopState:
+        """Ask the person about the next write of the turn: validate its arguments,
+        render its card, and park the run at CONFIRMATION_PENDING with its state.
+        Arguments that fail validation go back to the model without asking anyone."""
+        confirmations = self._confirmations
+        assert confirmations is not None, "writes are only planned where a person can be asked"
+        call = state.pending_calls[0]
+        attributes = {
+            "gen_ai.operation.name": "request_confirmation",
+            "gen_ai.tool.name": call.name,
+            "gen_ai.tool.call.id": call.id,
+        }
+        with self._span(f"request_confirmation {call.name}", scope, attributes) as span:
+            started = self._clock.now()
+            proposal = propose_write(
+                call,
+                registry=self._registry,
+                context=self._context(scope, state),
+                ttl_seconds=self._settings.confirmation_ttl_seconds,
+                token=new_confirmation_token(),
+            )
+            if isinstance(proposal, ProposalRefused):
+                _mark(span, proposal.outcome.error)
+        if isinstance(proposal, ProposalRefused):
+            outcome = proposal.outcome
+            # Nobody was asked, so the run did not carry a confirmation for this one.
+            state = replace(
+                after_resolved_write(state, outcome),
+                carried_confirmation=state.carried_confirmation,
+            )
+            record = self._step(
+                StepKind.TOOL_CALL, call.name, span, started, outcome.detail(), outcome.error
+            )
+            await self._record(scope, record, state)
+            return state
+        at_rest = replace(state, carried_confirmation=True, active_seconds=self._elapsed(scope))
+        step = self._step(StepKind.CONFIRMATION_REQUESTED, call.name, span, started, {}, None)
+        run = await confirmations.request_confirmation(
+            org_id=scope.run.org_id,
+            run_id=scope.run.run_id,
+            user_id=scope.run.user_id,
+            proposal=proposal,
+            step=step,
+            loop_state=at_rest,
+        )
+        self.signals.changed(run.run_id)
+        log.info("run.waiting_for_confirmation", tool=call.name)
+        return run
 
     async def _call_model(
         self, scope: _RunScope, request: ModelRequest
@@ -413,25 +853,42 @@ class RunLoop:
     async def _execute(
         self, scope: _RunScope, state: LoopState, planned: Sequence[PlannedCall]
     ) -> LoopState:
-        """Run the planned calls (independent reads, so concurrently) and fold the
-        results back; steps are recorded in the order the model asked."""
+        """Run the calls that may run now (reads, and refusals answered as data;
+        independent, so concurrently) and fold their results back. Writes of the
+        same turn wait for a person afterwards, in the order the model asked.
+        Steps are recorded in the order the model asked."""
+        now_calls, writes = split_planned(planned)
         book = LabelBook(state.knowledge)
-        context = ToolContext(
+        context = self._context(scope, state, labels=book)
+        observed = await asyncio.gather(
+            *(self._run_tool(scope, call, context) for call in now_calls)
+        )
+        state = after_tool_calls(
+            state, [outcome for outcome, _ in observed], knowledge=book.entries
+        )
+        if writes:
+            state = replace(state, pending_calls=writes, next_phase="confirm_writes")
+        await self._record_many(scope, [record for _, record in observed], state)
+        return state
+
+    def _context(
+        self,
+        scope: _RunScope,
+        state: LoopState,
+        *,
+        labels: LabelBook | None = None,
+        confirmation_token: str | None = None,
+    ) -> ToolContext:
+        return ToolContext(
             principal=scope.principal,
             run_id=scope.run.run_id,
             agent=scope.spec.name,
             remaining_tokens=remaining_tokens(scope.spec.budgets, state.usage),
             sources=scope.spec.sources,
             credentials=scope.credentials,
-            labels=book,
+            labels=labels if labels is not None else LabelBook(state.knowledge),
+            confirmation_token=confirmation_token,
         )
-        observed = await asyncio.gather(*(self._run_tool(scope, call, context) for call in planned))
-        state = after_tool_calls(
-            state, [outcome for outcome, _ in observed], knowledge=book.entries
-        )
-        for index, (_, record) in enumerate(observed):
-            await self._record(scope, record, state if index == len(observed) - 1 else None)
-        return state
 
     async def _run_tool(
         self, scope: _RunScope, planned: PlannedCall, context: ToolContext
@@ -458,10 +915,29 @@ class RunLoop:
     def _span(
         self, name: str, scope: _RunScope, attributes: Mapping[str, Any]
     ) -> AbstractContextManager[Span]:
-        span: AbstractContextManager[Span] = tracer.start_as_current_span(
+        return self._announced_span(name, scope, attributes)
+
+    @contextmanager
+    def _announced_span(
+        self, name: str, scope: _RunScope, attributes: Mapping[str, Any]
+    ) -> Iterator[Span]:
+        """A step's span; its start is announced to StreamRun followers at once."""
+        with tracer.start_as_current_span(
             name, attributes={**attributes, "cairn.run_id": scope.run.run_id}
-        )
-        return span
+        ) as span:
+            announced = _announced_step(attributes)
+            if announced is not None:
+                kind, step_name = announced
+                self.signals.started(
+                    scope.run.run_id,
+                    StepStart(
+                        kind=kind,
+                        name=step_name,
+                        span_id=span_id_hex(span),
+                        started_at=self._clock.now(),
+                    ),
+                )
+            yield span
 
     def _step(
         self,
@@ -483,13 +959,19 @@ class RunLoop:
         )
 
     async def _record(self, scope: _RunScope, record: StepRecord, state: LoopState | None) -> None:
-        await self._store.record_step(
-            org_id=scope.run.org_id, run_id=scope.run.run_id, step=record, loop_state=state
+        await self._record_many(scope, (record,), state)
+
+    async def _record_many(
+        self, scope: _RunScope, records: Sequence[StepRecord], state: LoopState | None
+    ) -> None:
+        """Steps that finished together, in one write (with the state after them)."""
+        if not records:
+            return
+        await self._store.record_steps(
+            org_id=scope.run.org_id, run_id=scope.run.run_id, steps=records, loop_state=state
         )
-        if record.error is not None:
-            log.info(
-                "run.step_error", kind=record.kind.value, step=record.name, code=record.error.code
-            )
+        self.signals.changed(scope.run.run_id)
+        _log_step_errors(records)
 
     async def _finish(
         self,
@@ -500,7 +982,9 @@ class RunLoop:
         answer: str = "",
         citations: Sequence[Citation] = (),
         reason: str = "",
+        steps: Sequence[StepRecord] = (),
     ) -> Run:
+        """End the run; `steps` that ended it are written in the same statement."""
         usage = state.usage if state is not None else scope.run.usage
         finished = await self._store.finish_run(
             org_id=scope.run.org_id,
@@ -511,7 +995,10 @@ class RunLoop:
             answer=answer,
             citations=citations,
             reason=reason,
+            steps=steps,
         )
+        self.signals.changed(scope.run.run_id)
+        _log_step_errors(steps)
         log.info(
             "run.finished",
             state=outcome.value,
@@ -531,6 +1018,60 @@ class RunLoop:
         left = scope.spec.budgets.wall_seconds - self._elapsed(scope)
         limit = ceiling if ceiling is not None else self._settings.dependency_timeout_seconds
         return max(min(limit, left), 0.5)
+
+
+_ANNOUNCED: dict[str, tuple[StepKind, str]] = {
+    "recall_memory": (StepKind.MEMORY_READ, "memory"),
+    "retrieve": (StepKind.RETRIEVAL, "retrieval"),
+    "archive_conversation": (StepKind.MEMORY_READ, "conversation"),
+}
+
+
+def _announced_step(attributes: Mapping[str, Any]) -> tuple[StepKind, str] | None:
+    """The kind and provisional name of the step a span covers, from its attributes."""
+    operation = attributes.get("gen_ai.operation.name")
+    if operation == "chat":
+        return StepKind.MODEL_CALL, f"tier:{attributes.get('cairn.tier', '')}"
+    if operation == "execute_tool":
+        return StepKind.TOOL_CALL, str(attributes.get("gen_ai.tool.name", ""))
+    if operation == "request_confirmation":
+        return StepKind.CONFIRMATION_REQUESTED, str(attributes.get("gen_ai.tool.name", ""))
+    return _ANNOUNCED.get(str(operation))
+
+
+def _run_trace_context(run: Run) -> otel_context.Context | None:
+    """The context of the run's root span, so a resumed run's spans join its trace."""
+    try:
+        trace_id, span_id = int(run.trace_id, 16), int(run.root_span_id, 16)
+    except ValueError:
+        return None
+    if not trace_id or not span_id:
+        return None
+    root = SpanContext(
+        trace_id=trace_id,
+        span_id=span_id,
+        is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+    )
+    return trace.set_span_in_context(NonRecordingSpan(root))
+
+
+def _observe(task: asyncio.Task[Run]) -> None:
+    """Retrieve a run task's exception even when its request stopped waiting; a
+    refusal (CairnError) is the request's answer, anything else is worth a line."""
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is not None and not isinstance(error, CairnError):
+        log.warning("run.task_ended_with_error", error=type(error).__name__)
+
+
+def _log_step_errors(records: Sequence[StepRecord]) -> None:
+    for record in records:
+        if record.error is not None:
+            log.info(
+                "run.step_error", kind=record.kind.value, step=record.name, code=record.error.code
+            )
 
 
 def _mark(span: Span, error: ErrorValue | None) -> None:

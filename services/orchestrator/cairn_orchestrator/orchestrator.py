@@ -1,9 +1,14 @@
 """What a caller can ask the orchestrator, as use cases over the loop and the store:
-start a run, read runs and trajectories, follow a run as it happens, list agents.
+start a run, read runs and trajectories, follow a run as it happens, resolve and
+list confirmations, list agents; and the upkeep every process does in the
+background (renew the leases of its runs, recover runs whose orchestrator
+stopped, expire confirmations nobody decided).
 
 Who may see a run is decided here and enforced in SQL: the caller's own runs, or
 every run of the caller's org for the `admin` role; anything else (someone else's
-run, another org's, one that never existed) is the same denial (I6).
+run, another org's, one that never existed) is the same denial (I6). The same
+holds for confirmations, except that only the run's own caller may resolve one
+(confirmations.decide_resolution says why).
 """
 
 from __future__ import annotations
@@ -16,26 +21,39 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+import structlog
+from opentelemetry import trace
+
 from cairn_libs.errors import InvalidInput
 from cairn_libs.identity import Principal
+from cairn_libs.telemetry import span_id_hex
+from cairn_orchestrator.confirmations import check_note, pending_view
 from cairn_orchestrator.domain import (
     ADMIN_ROLE,
     AgentSpec,
     ConversationTurn,
+    Decision,
     PageCursor,
     PendingConfirmation,
     Run,
     RunEvent,
     RunEventKind,
     RunState,
+    StepStart,
     Trajectory,
 )
-from cairn_orchestrator.errors import BadPageToken, ConfirmationsNotYetAvailable, RunNotVisible
+from cairn_orchestrator.errors import BadPageToken, RunNotVisible, StoreUnavailable, UnknownAgent
+from cairn_orchestrator.events import Signal
 from cairn_orchestrator.loop import Caller, RunLoop
-from cairn_orchestrator.ports import RunStore
+from cairn_orchestrator.ports import ConfirmationStore, RunStore
 from cairn_orchestrator.specs import AgentCatalog
 
+log = structlog.get_logger(__name__)
+tracer = trace.get_tracer(__name__)
+
 DEFAULT_PAGE_SIZE = 20
+# With tracing switched off every span id reads as zeros: nothing to match by.
+_NO_SPAN = "0" * 16
 MAX_PAGE_SIZE = 100
 MAX_INPUT_CHARS = 20_000
 MAX_EARLIER_TURNS = 200
@@ -85,12 +103,16 @@ class Orchestrator:
         catalog: AgentCatalog,
         loop: RunLoop,
         store: RunStore,
+        confirmations: ConfirmationStore | None = None,
         stream_poll_seconds: float = 0.2,
+        confirmation_ttl_seconds: float = 3600.0,
     ) -> None:
         self._catalog = catalog
         self._loop = loop
         self._store = store
+        self._confirmations = confirmations
         self._poll = stream_poll_seconds
+        self._ttl = confirmation_ttl_seconds
 
     def agents(self) -> list[AgentSpec]:
         return self._catalog.all()
@@ -156,34 +178,119 @@ class Orchestrator:
         return Trajectory(run_id=run.run_id, trace_id=run.trace_id, steps=tuple(steps))
 
     async def follow(self, principal: Principal, run_id: str) -> AsyncIterator[RunEvent]:
-        """The steps already recorded, then new ones as they land, until the run is
-        at rest; then its answer (if any) and the run itself."""
+        """A run's events as they happen: the steps already recorded, then each step
+        as it starts (STEP_STARTED, when this process drives the run) and as it is
+        recorded (STEP_FINISHED, in seq order); CONFIRMATION_PENDING when the run
+        waits for its person, after which the stream goes on (the run continues
+        when they decide); and, once the run has ended, its answer and the run."""
         run = await self.get_run(principal, run_id)
         last_seq = 0
-        while True:
-            # Read the run's state before its steps: a run seen at rest has no
-            # steps left to come, so the steps read after it are all of them.
-            at_rest = run.state.at_rest
-            for step in await self._store.list_steps(
-                org_id=principal.org_id, run_id=run.run_id, after_seq=last_seq
-            ):
-                last_seq = step.seq
-                yield RunEvent(kind=RunEventKind.STEP_FINISHED, step=step)
-            if at_rest:
-                break
-            await asyncio.sleep(self._poll)
-            run = await self.get_run(principal, run_id)
-        if run.state is RunState.CONFIRMATION_PENDING:
-            yield RunEvent(kind=RunEventKind.CONFIRMATION_PENDING, run=run)
+        finished_spans: set[str] = set()
+        announced = ""
+        with self._loop.signals.follow(run.run_id) as wake:
+            while True:
+                # Read the run's state before its steps: a run seen ended has no steps
+                # left to come, so the steps read after it are all of them.
+                ended = run.state.terminal
+                for step in await self._store.list_steps(
+                    org_id=principal.org_id, run_id=run.run_id, after_seq=last_seq
+                ):
+                    last_seq = step.seq
+                    finished_spans.add(step.span_id)
+                    yield RunEvent(kind=RunEventKind.STEP_FINISHED, step=step)
+                pending = run.pending_confirmation
+                if (
+                    run.state is RunState.CONFIRMATION_PENDING
+                    and pending is not None
+                    and pending.confirmation_token != announced
+                ):
+                    announced = pending.confirmation_token
+                    yield RunEvent(kind=RunEventKind.CONFIRMATION_PENDING, run=run)
+                if ended:
+                    break
+                waiting = run.state is RunState.CONFIRMATION_PENDING
+                for signal in await _next_signals(wake, self._poll * (10 if waiting else 1)):
+                    if isinstance(signal, StepStart) and (
+                        signal.span_id not in finished_spans or signal.span_id == _NO_SPAN
+                    ):
+                        yield RunEvent(kind=RunEventKind.STEP_STARTED, started=signal)
+                run = await self.get_run(principal, run_id)
         if run.answer:
             yield RunEvent(kind=RunEventKind.ANSWER, answer_delta=run.answer)
         yield RunEvent(kind=RunEventKind.RUN_FINISHED, run=run)
 
     async def resolve_confirmation(
-        self, principal: Principal, confirmation_token: str, *, approve: bool
+        self, caller: Caller, confirmation_token: str, *, decision: Decision, note: str = ""
     ) -> Run:
-        raise ConfirmationsNotYetAvailable()
+        problem = check_note(note)
+        if problem is not None:
+            raise InvalidInput(problem)
+        return await self._loop.resolve(
+            caller=caller,
+            token=confirmation_token,
+            decision=decision,
+            note=note.strip(),
+            spec_for=self._spec_or_none,
+        )
+
+    def _spec_or_none(self, name: str) -> AgentSpec | None:
+        try:
+            return self._catalog.get(name)
+        except UnknownAgent:
+            return None
 
     async def pending_confirmations(self, principal: Principal) -> list[PendingConfirmation]:
-        # No tool can propose a write yet, so there is truthfully nothing pending.
+        """The caller's own open confirmations; an org admin sees the org's (and still
+        may resolve only their own)."""
+        if self._confirmations is None:
+            return []
+        confirmations = await self._confirmations.pending_confirmations(
+            org_id=principal.org_id, user_id=viewer_scope(principal)
+        )
+        return [pending_view(c) for c in confirmations]
+
+    # ------------------------------------------------------------ upkeep
+
+    async def keep_up(self) -> None:
+        """One round of upkeep; each part on its own, so one failing (the database
+        away) does not stop the others, and the next round tries again."""
+        confirmations = self._confirmations
+        if confirmations is None:
+            return
+        try:
+            await confirmations.renew_leases(self._loop.active_run_ids())
+        except StoreUnavailable as exc:
+            log.warning("runs.leases_not_renewed", error=exc.message)
+        try:
+            for recovered in await confirmations.recover_stopped_runs(ttl_seconds=self._ttl):
+                self._loop.signals.changed(recovered.run_id)
+                log.warning(
+                    "run.recovered",
+                    run_id=recovered.run_id,
+                    org_id=recovered.org_id,
+                    outcome=recovered.outcome,
+                )
+        except StoreUnavailable as exc:
+            log.warning("runs.not_recovered", error=exc.message)
+        try:
+            ended = []
+            if await confirmations.confirmations_due():
+                with tracer.start_as_current_span("expire_confirmations") as span:
+                    ended = await confirmations.expire_confirmations(span_id=span_id_hex(span))
+            for run_id in ended:
+                self._loop.signals.changed(run_id)
+                log.info("confirmation.expired", run_id=run_id)
+        except StoreUnavailable as exc:
+            log.warning("confirmations.not_expired", error=exc.message)
+
+
+async def _next_signals(wake: asyncio.Queue[Signal], wait_seconds: float) -> list[Signal]:
+    """Whatever the loop signalled, waiting at most `wait_seconds` for the first one."""
+    try:
+        first = await asyncio.wait_for(wake.get(), timeout=wait_seconds)
+    except TimeoutError:
         return []
+    signals = [first]
+    while not wake.empty():
+        signals.append(wake.get_nowait())
+    return signals

@@ -11,17 +11,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from cairn_orchestrator.domain import (
+    ArchivedBlock,
     CallCredentials,
     Citation,
+    ClaimTypeName,
+    Confirmation,
+    ConfirmationProposal,
     ConversationTurn,
+    Decision,
+    JSONValue,
     LoopState,
+    MemorySubject,
     ModelReply,
     ModelRequest,
     PageCursor,
+    ProfileFact,
     RecallOutcome,
+    RememberOutcome,
     Run,
     RunState,
     RunUsage,
@@ -29,6 +38,9 @@ from cairn_orchestrator.domain import (
     Step,
     StepRecord,
 )
+
+if TYPE_CHECKING:  # confirmations imports the phases, which import ports
+    from cairn_orchestrator.confirmations import Recovered, ResolutionRecord, Resolver
 
 
 class ModelGateway(Protocol):
@@ -55,10 +67,75 @@ class KnowledgeSearch(Protocol):
 
 class MemoryRecall(Protocol):
     async def recall(
-        self, *, query: str, k: int, credentials: CallCredentials, deadline_seconds: float
+        self,
+        *,
+        query: str,
+        k: int,
+        credentials: CallCredentials,
+        deadline_seconds: float,
+        subject: MemorySubject | None = None,
+        include_profile: bool = False,
     ) -> RecallOutcome:
-        """Active memories the caller may read; raises DependencyFailed."""
+        """Active memories the caller may read (of one subject, when given, with its
+        profile facts when asked); raises DependencyFailed."""
         ...
+
+
+class MemoryWrites(Protocol):
+    """Writes to long-term memory. The memory service takes the author and the run
+    from the actor token in `credentials`, never from these arguments (I9)."""
+
+    async def remember(
+        self,
+        *,
+        text: str,
+        subject: MemorySubject,
+        claim_type: ClaimTypeName,
+        tags: Sequence[str],
+        importance: int,
+        credentials: CallCredentials,
+        deadline_seconds: float,
+    ) -> RememberOutcome: ...
+
+    async def update_profile(
+        self,
+        *,
+        subject: MemorySubject,
+        key: str,
+        value: str,
+        previous_value: str | None,
+        credentials: CallCredentials,
+        deadline_seconds: float,
+    ) -> ProfileFact: ...
+
+
+class BlockArchive(Protocol):
+    """The archive of verbatim conversation blocks, each named r<N>."""
+
+    async def archive(
+        self,
+        *,
+        label: str,
+        role: str,
+        content: str,
+        conversation_id: str,
+        credentials: CallCredentials,
+        deadline_seconds: float,
+    ) -> str:
+        """The new block's id, e.g. "r7"; raises DependencyFailed."""
+        ...
+
+    async def recall_block(
+        self, *, block_id: str, credentials: CallCredentials, deadline_seconds: float
+    ) -> ArchivedBlock: ...
+
+    async def search_blocks(
+        self, *, query: str, limit: int, credentials: CallCredentials, deadline_seconds: float
+    ) -> list[ArchivedBlock]: ...
+
+
+class MemoryService(MemoryRecall, MemoryWrites, BlockArchive, Protocol):
+    """Everything the built-in memory tools use."""
 
 
 class RunStore(Protocol):
@@ -73,6 +150,7 @@ class RunStore(Protocol):
         conversation_id: str,
         earlier_turns: Sequence[ConversationTurn],
         trace_id: str,
+        root_span_id: str = "",
     ) -> Run: ...
 
     async def record_step(
@@ -80,6 +158,17 @@ class RunStore(Protocol):
     ) -> Step:
         """Append a finished step (the store gives it the next seq) and, when given,
         the loop state to resume from after it."""
+        ...
+
+    async def record_steps(
+        self,
+        *,
+        org_id: str,
+        run_id: str,
+        steps: Sequence[StepRecord],
+        loop_state: LoopState | None,
+    ) -> list[Step]:
+        """Several steps that finished together, in order, in one write."""
         ...
 
     async def finish_run(
@@ -93,7 +182,10 @@ class RunStore(Protocol):
         answer: str = "",
         citations: Sequence[Citation] = (),
         reason: str = "",
-    ) -> Run: ...
+        steps: Sequence[StepRecord] = (),
+    ) -> Run:
+        """End the run; `steps` are appended with it, all or nothing."""
+        ...
 
     async def get_run(self, *, org_id: str, run_id: str, user_id: str | None) -> Run | None:
         """The run, narrowed by org and, unless user_id is None (an admin), by owner."""
@@ -106,6 +198,65 @@ class RunStore(Protocol):
         ...
 
     async def list_steps(self, *, org_id: str, run_id: str, after_seq: int = 0) -> list[Step]: ...
+
+
+class ConfirmationStore(Protocol):
+    """Confirmed writes and run ownership (postgres.py). Each method is one
+    transaction; the docstrings there say what each guarantees."""
+
+    async def request_confirmation(
+        self,
+        *,
+        org_id: str,
+        run_id: str,
+        user_id: str,
+        proposal: ConfirmationProposal,
+        step: StepRecord,
+        loop_state: LoopState,
+    ) -> Run: ...
+
+    async def resolve_confirmation(
+        self,
+        *,
+        org_id: str,
+        token: str,
+        resolver: Resolver,
+        decision: Decision,
+        note: str,
+        span_id: str,
+        started_at: datetime,
+    ) -> ResolutionRecord: ...
+
+    async def begin_write(self, *, org_id: str, run_id: str, token: str) -> Confirmation: ...
+
+    async def record_write(
+        self,
+        *,
+        org_id: str,
+        run_id: str,
+        token: str,
+        result: dict[str, JSONValue],
+        step: StepRecord,
+        loop_state: LoopState,
+    ) -> None: ...
+
+    async def pending_confirmations(
+        self, *, org_id: str, user_id: str | None
+    ) -> list[Confirmation]: ...
+
+    async def renew_leases(self, run_ids: Sequence[str]) -> None: ...
+
+    async def release_leases(self) -> None: ...
+
+    async def recover_stopped_runs(
+        self, *, ttl_seconds: float, limit: int = 100
+    ) -> list[Recovered]: ...
+
+    async def confirmations_due(self) -> bool:
+        """Whether any open confirmation is past its expiry."""
+        ...
+
+    async def expire_confirmations(self, *, span_id: str, limit: int = 100) -> list[str]: ...
 
 
 class Clock(Protocol):

@@ -12,23 +12,31 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 import grpc
 from google.protobuf import timestamp_pb2
+from google.protobuf.message import DecodeError
+from google.rpc import error_details_pb2, status_pb2
 
 from cairn.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from cairn.memory.v1 import memory_pb2, memory_pb2_grpc
 from cairn.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from cairn_libs.clients import call_metadata, channel
 from cairn_orchestrator.domain import (
+    ArchivedBlock,
     CallCredentials,
     ChatMessage,
+    ClaimTypeName,
     KnowledgeChunk,
+    MemorySubject,
     ModelAttempt,
     ModelReply,
     ModelRequest,
+    ProfileFact,
     RecalledMemory,
     RecallOutcome,
+    RememberOutcome,
     SearchOutcome,
     TokenUsage,
     ToolCallRequest,
@@ -69,7 +77,30 @@ def _metadata(credentials: CallCredentials) -> tuple[tuple[str, str], ...]:
 
 
 def _failure(service: str, exc: grpc.aio.AioRpcError) -> DependencyFailed:
-    return DependencyFailed(service, exc.code().name, exc.details() or "")
+    return DependencyFailed(
+        service, exc.code().name, exc.details() or "", reason=_error_reason(exc)
+    )
+
+
+def _error_reason(exc: grpc.aio.AioRpcError) -> str:
+    """The google.rpc ErrorInfo reason a cairn service attaches to every refusal; it
+    tells apart refusals that share a status code (a rate limit, a run's budget)."""
+    # The stubs type this as the sync API's tuple; at run time it is aio Metadata,
+    # which iterates as (key, value) pairs too.
+    trailing: Any = exc.trailing_metadata()
+    for key, value in trailing or ():
+        if key != "grpc-status-details-bin" or not isinstance(value, bytes):
+            continue
+        status = status_pb2.Status()
+        try:
+            status.ParseFromString(value)
+        except DecodeError:
+            return ""
+        for detail in status.details:
+            info = error_details_pb2.ErrorInfo()
+            if detail.Unpack(info):
+                return str(info.reason)
+    return ""
 
 
 def _enum_name(name: str, prefix: str) -> str:
@@ -225,56 +256,200 @@ class RetrievalClient:
 # ---------------------------------------------------------------- memory
 
 
+def memory_from_proto(m: memory_pb2.Memory) -> RecalledMemory:
+    provenance = m.provenance
+    return RecalledMemory(
+        memory_id=m.memory_id,
+        text=m.text,
+        subject_kind=_enum_name(memory_pb2.SubjectKind.Name(m.subject.kind), "SUBJECT_KIND_"),
+        subject_id=m.subject.id,
+        author_kind=_enum_name(memory_pb2.AuthorKind.Name(provenance.author_kind), "AUTHOR_KIND_"),
+        author_id=provenance.author_id,
+        run_id=provenance.run_id,
+        created_at=_moment(provenance.HasField("created_at"), provenance.created_at),
+        expires_at=_moment(provenance.HasField("expires_at"), provenance.expires_at),
+        score=m.score,
+        claim_type=_enum_name(memory_pb2.ClaimType.Name(m.claim_type), "CLAIM_TYPE_"),
+        state=_enum_name(memory_pb2.MemoryState.Name(m.state), "MEMORY_STATE_"),
+        valid_from=_moment(m.HasField("valid_from"), m.valid_from),
+        valid_until=_moment(m.HasField("valid_until"), m.valid_until),
+    )
+
+
+def profile_fact_from_proto(fact: memory_pb2.ProfileFact) -> ProfileFact:
+    provenance = fact.provenance
+    return ProfileFact(
+        subject_kind=_enum_name(memory_pb2.SubjectKind.Name(fact.subject.kind), "SUBJECT_KIND_"),
+        subject_id=fact.subject.id,
+        key=fact.fact_key,
+        value=fact.value,
+        author_kind=_enum_name(memory_pb2.AuthorKind.Name(provenance.author_kind), "AUTHOR_KIND_"),
+        author_id=provenance.author_id,
+        run_id=provenance.run_id,
+        created_at=_moment(provenance.HasField("created_at"), provenance.created_at),
+        expires_at=_moment(provenance.HasField("expires_at"), provenance.expires_at),
+        readable=fact.readable,
+        earlier_values=tuple(v.value for v in fact.history if v.readable),
+    )
+
+
 def recall_outcome_from_proto(response: memory_pb2.RecallResponse) -> RecallOutcome:
-    memories = []
-    for m in response.memories:
-        provenance = m.provenance
-        memories.append(
-            RecalledMemory(
-                memory_id=m.memory_id,
-                text=m.text,
-                subject_kind=_enum_name(
-                    memory_pb2.SubjectKind.Name(m.subject.kind), "SUBJECT_KIND_"
-                ),
-                subject_id=m.subject.id,
-                author_kind=_enum_name(
-                    memory_pb2.AuthorKind.Name(provenance.author_kind), "AUTHOR_KIND_"
-                ),
-                author_id=provenance.author_id,
-                run_id=provenance.run_id,
-                created_at=_moment(provenance.HasField("created_at"), provenance.created_at),
-                expires_at=_moment(provenance.HasField("expires_at"), provenance.expires_at),
-                score=m.score,
-                claim_type=_enum_name(memory_pb2.ClaimType.Name(m.claim_type), "CLAIM_TYPE_"),
-                state=_enum_name(memory_pb2.MemoryState.Name(m.state), "MEMORY_STATE_"),
-                valid_from=_moment(m.HasField("valid_from"), m.valid_from),
-                valid_until=_moment(m.HasField("valid_until"), m.valid_until),
-            )
-        )
     return RecallOutcome(
-        memories=tuple(memories),
+        memories=tuple(memory_from_proto(m) for m in response.memories),
         mode=_enum_name(memory_pb2.RecallMode.Name(response.mode), "RECALL_MODE_"),
         mode_reason=response.mode_reason,
+        profile=tuple(profile_fact_from_proto(f) for f in response.profile),
+    )
+
+
+def subject_to_proto(subject: MemorySubject) -> memory_pb2.Subject:
+    return memory_pb2.Subject(
+        kind=memory_pb2.SubjectKind.Value(f"SUBJECT_KIND_{subject.kind}"), id=subject.id
+    )
+
+
+def block_from_proto(block: memory_pb2.Block) -> ArchivedBlock:
+    return ArchivedBlock(
+        block_id=block.block_id,
+        label=block.label,
+        role=block.role,
+        content=block.content,
+        conversation_id=block.conversation_id,
+        created_at=_moment(block.HasField("created_at"), block.created_at),
+        readable=block.readable,
     )
 
 
 class MemoryClient:
+    """The memory service: recall for the turn, and everything the memory tools do.
+    Every call carries the caller's token (whose memories) and the run's actor token
+    (so what the run writes is recorded as an agent's, in this run)."""
+
     def __init__(self, target: str) -> None:
         self._channel = _LazyChannel(target)
 
+    def _stub(self) -> memory_pb2_grpc.MemoryServiceAsyncStub:
+        return memory_pb2_grpc.MemoryServiceStub(self._channel.get())
+
     async def recall(
-        self, *, query: str, k: int, credentials: CallCredentials, deadline_seconds: float
+        self,
+        *,
+        query: str,
+        k: int,
+        credentials: CallCredentials,
+        deadline_seconds: float,
+        subject: MemorySubject | None = None,
+        include_profile: bool = False,
     ) -> RecallOutcome:
-        stub = memory_pb2_grpc.MemoryServiceStub(self._channel.get())
+        request = memory_pb2.RecallRequest(query=query, k=k, include_profile=include_profile)
+        if subject is not None:
+            request.subject.CopyFrom(subject_to_proto(subject))
         try:
-            response = await stub.Recall(
-                memory_pb2.RecallRequest(query=query, k=k),
+            response = await self._stub().Recall(
+                request, metadata=_metadata(credentials), timeout=deadline_seconds
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise _failure("memory", exc) from exc
+        return recall_outcome_from_proto(response)
+
+    async def remember(
+        self,
+        *,
+        text: str,
+        subject: MemorySubject,
+        claim_type: ClaimTypeName,
+        tags: Sequence[str],
+        importance: int,
+        credentials: CallCredentials,
+        deadline_seconds: float,
+    ) -> RememberOutcome:
+        request = memory_pb2.RememberRequest(
+            text=text,
+            subject=subject_to_proto(subject),
+            tags=list(tags),
+            importance=importance,
+            claim_type=memory_pb2.ClaimType.Value(f"CLAIM_TYPE_{claim_type}"),
+        )
+        try:
+            response = await self._stub().Remember(
+                request, metadata=_metadata(credentials), timeout=deadline_seconds
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise _failure("memory", exc) from exc
+        return RememberOutcome(
+            memory=memory_from_proto(response.memory), already_held=response.already_held
+        )
+
+    async def update_profile(
+        self,
+        *,
+        subject: MemorySubject,
+        key: str,
+        value: str,
+        previous_value: str | None,
+        credentials: CallCredentials,
+        deadline_seconds: float,
+    ) -> ProfileFact:
+        request = memory_pb2.UpdateProfileRequest(
+            subject=subject_to_proto(subject), fact_key=key, value=value
+        )
+        if previous_value is not None:
+            request.previous_value = previous_value
+        try:
+            response = await self._stub().UpdateProfile(
+                request, metadata=_metadata(credentials), timeout=deadline_seconds
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise _failure("memory", exc) from exc
+        return profile_fact_from_proto(response.fact)
+
+    async def archive(
+        self,
+        *,
+        label: str,
+        role: str,
+        content: str,
+        conversation_id: str,
+        credentials: CallCredentials,
+        deadline_seconds: float,
+    ) -> str:
+        request = memory_pb2.ArchiveRequest(
+            label=label, role=role, content=content, conversation_id=conversation_id
+        )
+        try:
+            response = await self._stub().Archive(
+                request, metadata=_metadata(credentials), timeout=deadline_seconds
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise _failure("memory", exc) from exc
+        block_id: str = response.block_id
+        return block_id
+
+    async def recall_block(
+        self, *, block_id: str, credentials: CallCredentials, deadline_seconds: float
+    ) -> ArchivedBlock:
+        try:
+            response = await self._stub().RecallBlock(
+                memory_pb2.RecallBlockRequest(block_id=block_id),
                 metadata=_metadata(credentials),
                 timeout=deadline_seconds,
             )
         except grpc.aio.AioRpcError as exc:
             raise _failure("memory", exc) from exc
-        return recall_outcome_from_proto(response)
+        return block_from_proto(response.block)
+
+    async def search_blocks(
+        self, *, query: str, limit: int, credentials: CallCredentials, deadline_seconds: float
+    ) -> list[ArchivedBlock]:
+        try:
+            response = await self._stub().SearchBlocks(
+                memory_pb2.SearchBlocksRequest(query=query, limit=limit),
+                metadata=_metadata(credentials),
+                timeout=deadline_seconds,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise _failure("memory", exc) from exc
+        return [block_from_proto(b) for b in response.blocks]
 
     async def close(self) -> None:
         await self._channel.close()

@@ -88,6 +88,11 @@ def run_to_proto(run: Run) -> pb.Run:
         ),
         created_at=timestamp_to_proto(run.created_at),
         updated_at=timestamp_to_proto(run.updated_at),
+        pending_confirmation=(
+            pending_to_proto(run.pending_confirmation)
+            if run.pending_confirmation is not None
+            else None
+        ),
     )
 
 
@@ -129,6 +134,16 @@ def event_to_proto(event: RunEvent) -> pb.StreamRunResponse:
     )
     if event.step is not None:
         message.step.CopyFrom(step_to_proto(event.step))
+    if event.started is not None:
+        # Not numbered yet: seq 0, no finished_at; the span id ties it to its STEP_FINISHED.
+        message.step.CopyFrom(
+            pb.Step(
+                kind=pb.StepKind.Value(f"STEP_KIND_{event.started.kind.value}"),
+                name=event.started.name,
+                span_id=event.started.span_id,
+                started_at=timestamp_to_proto(event.started.started_at),
+            )
+        )
     if event.run is not None:
         message.run.CopyFrom(run_to_proto(event.run))
     return message
@@ -164,7 +179,13 @@ def turn_from_proto(turn: pb.ConversationTurn, index: int) -> ConversationTurn:
 
 
 def _caller() -> Caller:
-    return Caller(principal=current_identity().principal, token=current_caller_token())
+    identity = current_identity()
+    return Caller(
+        principal=identity.principal,
+        token=current_caller_token(),
+        # An actor token means a service is acting, not a person deciding.
+        is_person=identity.actor is None,
+    )
 
 
 class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
@@ -222,9 +243,10 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
                 f"decision {pb.Decision.Name(request.decision)!r} is not accepted; use DECISION_APPROVE or DECISION_DENY"
             )
         run = await self._orchestrator.resolve_confirmation(
-            current_identity().principal,
+            _caller(),
             request.confirmation_token,
-            approve=request.decision == pb.DECISION_APPROVE,
+            decision="approve" if request.decision == pb.DECISION_APPROVE else "deny",
+            note=request.note,
         )
         return pb.ResolveConfirmationResponse(run=run_to_proto(run))
 

@@ -12,22 +12,28 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from cairn_libs.identity import Principal
 from cairn_orchestrator.domain import (
     AgentSpec,
+    ArchivedBlock,
     Budgets,
     CallCredentials,
     ChatMessage,
     Citation,
+    ClaimTypeName,
     ConversationTurn,
     KnowledgeChunk,
     LoopState,
+    MemorySubject,
     ModelReply,
     ModelRequest,
     PageCursor,
+    ProfileFact,
     RecalledMemory,
     RecallOutcome,
+    RememberOutcome,
     Run,
     RunState,
     RunUsage,
@@ -180,17 +186,163 @@ class FakeRetrieval:
 
 @dataclass
 class FakeMemory:
+    """The memory service's contract in lists: recall, the writes the memory tools
+    make, and the block archive. `failure` fails every call; `archive_failure`
+    only Archive. Writes are recorded with the credentials they carried."""
+
     memories: Sequence[RecalledMemory] = ()
     failure: DependencyFailed | None = None
     calls: list[tuple[str, int, CallCredentials]] = field(default_factory=list)
+    profile: Sequence[ProfileFact] = ()
+    recall_subjects: list[MemorySubject | None] = field(default_factory=list)
+    writes: list[tuple[str, dict[str, Any], CallCredentials]] = field(default_factory=list)
+    blocks: dict[str, ArchivedBlock] = field(default_factory=dict)
+    archive_failure: DependencyFailed | None = None
+    ttl: timedelta = timedelta(days=90)
+    now: datetime = datetime(2025, 1, 1, tzinfo=UTC)
 
     async def recall(
-        self, *, query: str, k: int, credentials: CallCredentials, deadline_seconds: float
+        self,
+        *,
+        query: str,
+        k: int,
+        credentials: CallCredentials,
+        deadline_seconds: float,
+        subject: MemorySubject | None = None,
+        include_profile: bool = False,
     ) -> RecallOutcome:
         self.calls.append((query, k, credentials))
+        self.recall_subjects.append(subject)
         if self.failure is not None:
             raise self.failure
-        return RecallOutcome(memories=tuple(self.memories[:k]), mode="SEMANTIC", mode_reason="")
+        held = [
+            m
+            for m in self.memories
+            if subject is None or (m.subject_kind, m.subject_id) == (subject.kind, subject.id)
+        ]
+        profile = tuple(self.profile) if include_profile else ()
+        return RecallOutcome(
+            memories=tuple(held[:k]), mode="SEMANTIC", mode_reason="", profile=profile
+        )
+
+    async def remember(
+        self,
+        *,
+        text: str,
+        subject: MemorySubject,
+        claim_type: ClaimTypeName,
+        tags: Sequence[str],
+        importance: int,
+        credentials: CallCredentials,
+        deadline_seconds: float,
+    ) -> RememberOutcome:
+        arguments = {
+            "text": text,
+            "subject": subject,
+            "claim_type": claim_type,
+            "tags": list(tags),
+            "importance": importance,
+        }
+        self.writes.append(("remember", arguments, credentials))
+        if self.failure is not None:
+            raise self.failure
+        kept = RecalledMemory(
+            memory_id=f"mem-{len(self.writes)}",
+            text=text,
+            subject_kind=subject.kind,
+            subject_id=subject.id,
+            author_kind="MODEL",
+            author_id="handbook",
+            run_id=credentials.actor_token.removeprefix("actor-token-for-"),
+            created_at=self.now,
+            expires_at=self.now + self.ttl,
+            claim_type=claim_type,
+            state="ACTIVE",
+        )
+        return RememberOutcome(memory=kept, already_held=False)
+
+    async def update_profile(
+        self,
+        *,
+        subject: MemorySubject,
+        key: str,
+        value: str,
+        previous_value: str | None,
+        credentials: CallCredentials,
+        deadline_seconds: float,
+    ) -> ProfileFact:
+        arguments = {
+            "subject": subject,
+            "key": key,
+            "value": value,
+            "previous_value": previous_value,
+        }
+        self.writes.append(("update_profile", arguments, credentials))
+        if self.failure is not None:
+            raise self.failure
+        earlier = tuple(
+            f.value for f in self.profile if f.key == key and f.subject_id == subject.id
+        )
+        return ProfileFact(
+            subject_kind=subject.kind,
+            subject_id=subject.id,
+            key=key,
+            value=value,
+            author_kind="MODEL",
+            author_id="handbook",
+            run_id=credentials.actor_token.removeprefix("actor-token-for-"),
+            created_at=self.now,
+            expires_at=self.now + self.ttl,
+            earlier_values=earlier,
+        )
+
+    async def archive(
+        self,
+        *,
+        label: str,
+        role: str,
+        content: str,
+        conversation_id: str,
+        credentials: CallCredentials,
+        deadline_seconds: float,
+    ) -> str:
+        failure = self.archive_failure or self.failure
+        if failure is not None:
+            raise failure
+        block_id = f"r{len(self.blocks) + 1}"
+        self.blocks[block_id] = ArchivedBlock(
+            block_id=block_id,
+            label=label,
+            role=role,
+            content=content,
+            conversation_id=conversation_id,
+            created_at=self.now,
+        )
+        self.writes.append(("archive", {"block_id": block_id, "label": label}, credentials))
+        return block_id
+
+    async def recall_block(
+        self, *, block_id: str, credentials: CallCredentials, deadline_seconds: float
+    ) -> ArchivedBlock:
+        if self.failure is not None:
+            raise self.failure
+        block = self.blocks.get("r" + block_id.strip().lower().removeprefix("r"))
+        if block is None:
+            raise DependencyFailed("memory", "PERMISSION_DENIED", "not found or not permitted")
+        return block
+
+    async def search_blocks(
+        self, *, query: str, limit: int, credentials: CallCredentials, deadline_seconds: float
+    ) -> list[ArchivedBlock]:
+        if self.failure is not None:
+            raise self.failure
+        words = query.lower().split()
+        found = [
+            b
+            for b in self.blocks.values()
+            if any(w in (b.label + " " + b.content).lower() for w in words)
+        ]
+        return found[:limit]
 
 
 @dataclass
@@ -219,6 +371,7 @@ class MemoryRunStore:
         conversation_id: str,
         earlier_turns: Sequence[ConversationTurn],
         trace_id: str,
+        root_span_id: str = "",
     ) -> Run:
         now = self._clock.now() + timedelta(microseconds=next(self._ticks))
         run = Run(
@@ -256,6 +409,22 @@ class MemoryRunStore:
             stored.loop_state = loop_state
         return saved
 
+    async def record_steps(
+        self,
+        *,
+        org_id: str,
+        run_id: str,
+        steps: Sequence[StepRecord],
+        loop_state: LoopState | None,
+    ) -> list[Step]:
+        saved = [
+            await self.record_step(org_id=org_id, run_id=run_id, step=step, loop_state=None)
+            for step in steps
+        ]
+        if loop_state is not None:
+            self.runs[run_id].loop_state = loop_state
+        return saved
+
     async def finish_run(
         self,
         *,
@@ -267,7 +436,9 @@ class MemoryRunStore:
         answer: str = "",
         citations: Sequence[Citation] = (),
         reason: str = "",
+        steps: Sequence[StepRecord] = (),
     ) -> Run:
+        await self.record_steps(org_id=org_id, run_id=run_id, steps=steps, loop_state=None)
         stored = self.runs[run_id]
         assert stored.run.org_id == org_id
         stored.run = replace(

@@ -8,8 +8,11 @@ error value, and a handler that raises anyway is caught here and becomes error
 data (I3). Results above the byte cap are cut and marked truncated (I10).
 
 A write needs a person's yes before it runs (I4), so a write tool is registered
-only with a confirmation card renderer; until confirmations are built the loop
-answers a proposed write with error data instead of running it.
+only with a confirmation card renderer, and the dispatcher refuses to run one
+without the confirmation token of an approval. A write handler receives that
+token as `context.confirmation_token` and must treat it as an idempotency key
+(or be idempotent by nature): after a crash an approved write may be handed to
+its target a second time, and it must take effect at most once.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ INVALID_INPUT = "tool.invalid_input"
 TOOL_FAILED = "tool.failed"
 UNKNOWN_TOOL = "tool.unknown"
 CONFIRMATION_UNAVAILABLE = "tool.confirmation_unavailable"
+DENIED = "tool.denied"
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,10 +252,20 @@ def refused(call: ToolCallRequest, error: ErrorValue) -> ToolCallOutcome:
 async def dispatch(
     registry: ToolRegistry, call: ToolCallRequest, context: ToolContext
 ) -> ToolCallOutcome:
-    """Run one call of a registered read tool; every way it can go wrong is data."""
+    """Run one call of a registered tool; every way it can go wrong is data. A tool
+    that needs confirmation runs only with the token of an approved confirmation."""
     tool = registry.get(call.name)
     if tool is None:
         return refused(call, ErrorValue(UNKNOWN_TOOL, f"no tool named {call.name!r} is available"))
+    if tool.confirmation_required and not context.confirmation_token:
+        # I4, checked again at the last door: the loop never gets here unconfirmed.
+        return refused(
+            call,
+            ErrorValue(
+                CONFIRMATION_UNAVAILABLE,
+                f"the {call.name} tool changes things and runs only after a person approves it",
+            ),
+        )
     arguments = parse_arguments(registry.validator(tool.name), call.arguments_json)
     if isinstance(arguments, ErrorValue):
         return refused(call, arguments)

@@ -20,7 +20,11 @@ CASES = [
     (errors.RunNotVisible(), grpc.StatusCode.PERMISSION_DENIED),
     (errors.DependencyFailed("gateway", "UNAVAILABLE", "down"), grpc.StatusCode.UNAVAILABLE),
     (errors.StoreUnavailable("down"), grpc.StatusCode.UNAVAILABLE),
-    (errors.ConfirmationsNotYetAvailable(), grpc.StatusCode.UNIMPLEMENTED),
+    (errors.RunTakenOver("run_1"), grpc.StatusCode.UNAVAILABLE),
+    (
+        errors.ConfirmationClosed("the confirmation expired"),
+        grpc.StatusCode.FAILED_PRECONDITION,
+    ),
 ]
 
 

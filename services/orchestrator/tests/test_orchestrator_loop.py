@@ -315,6 +315,17 @@ async def test_an_unexpected_error_in_the_loop_fails_the_run_instead_of_losing_i
     assert harness.store.runs[run.run_id].run.state is RunState.FAILED
 
 
+async def test_an_unexpected_error_while_opening_the_run_fails_it_with_the_reason() -> None:
+    class BrokenMemory(FakeMemory):
+        async def recall(self, **kwargs: Any) -> Any:
+            raise RuntimeError("a bug in the adapter")
+
+    harness = Harness(ScriptedGateway([answer("never asked")]), memory=BrokenMemory())
+    run = await harness.run()
+    assert run.state is RunState.FAILED and "RuntimeError" in run.reason
+    assert harness.gateway.requests == []
+
+
 # ---------------------------------------------------------------- the use cases around the loop
 
 

@@ -186,7 +186,8 @@ def test_the_conversation_window_keeps_the_newest_turns_within_the_token_bound()
 
 
 def test_each_turn_is_clipped_to_four_hundred_characters() -> None:
-    (line,) = conversation_window([ConversationTurn("user", "y" * 1000)])
+    # 700 characters: long enough to clip, short of the 800 that get archived.
+    (line,) = conversation_window([ConversationTurn("user", "y" * 700)])
     assert len(line.removeprefix("user: ")) == 400 and line.endswith("…")
 
 
@@ -244,6 +245,7 @@ def planned_after(
     spec: AgentSpec | None = None,
     usage: RunUsage | None = None,
     elapsed: float = 0.0,
+    confirmable: bool = True,
 ) -> tuple[LoopState, Decision]:
     spec = spec or handbook_spec(tools=("search_knowledge", "remember"))
     usage = usage or RunUsage()
@@ -251,7 +253,12 @@ def planned_after(
         LoopState(messages=(), knowledge=(), usage=usage, next_phase="call_model"), reply
     )
     return state, plan_after_reply(
-        reply, state=state, spec=spec, registry=registry_with_write_tool(), elapsed_seconds=elapsed
+        reply,
+        state=state,
+        spec=spec,
+        registry=registry_with_write_tool(),
+        elapsed_seconds=elapsed,
+        confirmable=confirmable,
     )
 
 
@@ -283,13 +290,24 @@ def test_a_tool_the_spec_does_not_name_is_refused_as_data() -> None:
     assert planned.refusal is not None and planned.refusal.code == UNKNOWN_TOOL
 
 
-def test_a_write_tool_is_answered_with_error_data_and_never_planned_to_run() -> None:
+def test_a_write_tool_is_planned_to_wait_for_a_person_and_a_read_beside_it_to_run() -> None:
     _, decision = planned_after(
         tool_calls(("remember", "{}"), ("search_knowledge", '{"query":"x"}'))
     )
     assert isinstance(decision, RunToolCalls)
     write, read = decision.calls
+    assert write.refusal is None and write.needs_confirmation is True
+    assert read.refusal is None and read.needs_confirmation is False
+
+
+def test_where_no_person_can_be_asked_a_write_is_answered_with_error_data() -> None:
+    _, decision = planned_after(
+        tool_calls(("remember", "{}"), ("search_knowledge", '{"query":"x"}')), confirmable=False
+    )
+    assert isinstance(decision, RunToolCalls)
+    write, read = decision.calls
     assert write.refusal is not None and write.refusal.code == CONFIRMATION_UNAVAILABLE
+    assert not write.needs_confirmation
     assert read.refusal is None
 
 

@@ -490,7 +490,7 @@ def test_stream_run_replays_the_steps_then_the_answer_and_the_finished_run(
     assert events[-1].run.state == pb.RUN_STATE_COMPLETED
 
 
-def test_confirmations_say_plainly_they_are_not_built_yet(
+def test_a_confirmation_token_nobody_issued_reads_as_the_one_denial(
     connected: ServiceProcess, stub_for: Any, issuer: TokenIssuer, new_org: str
 ) -> None:
     stub = stub_for(connected)
@@ -503,13 +503,19 @@ def test_confirmations_say_plainly_they_are_not_built_yet(
         )
         == []
     )
-    with pytest.raises(grpc.RpcError) as refused:
-        stub.ResolveConfirmation(
-            pb.ResolveConfirmationRequest(confirmation_token="c1", decision=pb.DECISION_APPROVE),
-            metadata=call_metadata(token),
-            timeout=10,
+    for guess in ("c1", "cnf_" + "A" * 43):
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ResolveConfirmation(
+                pb.ResolveConfirmationRequest(
+                    confirmation_token=guess, decision=pb.DECISION_APPROVE
+                ),
+                metadata=call_metadata(token),
+                timeout=10,
+            )
+        assert (refused.value.code(), refused.value.details()) == (
+            grpc.StatusCode.PERMISSION_DENIED,
+            "not found or not permitted",
         )
-    assert refused.value.code() is grpc.StatusCode.UNIMPLEMENTED
 
 
 def test_a_deployment_that_keeps_no_memories_says_so_in_the_trajectory_and_still_answers(
