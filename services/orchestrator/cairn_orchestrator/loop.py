@@ -601,7 +601,12 @@ class RunLoop:
             )
             _mark(span, compacted.error)
         record = self._step(
-            StepKind.MEMORY_READ, "conversation", span, started, compacted.detail, compacted.error
+            StepKind.CONVERSATION_ARCHIVE,
+            "conversation",
+            span,
+            started,
+            compacted.detail,
+            compacted.error,
         )
         return record, compacted.lines
 
@@ -1023,7 +1028,7 @@ class RunLoop:
 _ANNOUNCED: dict[str, tuple[StepKind, str]] = {
     "recall_memory": (StepKind.MEMORY_READ, "memory"),
     "retrieve": (StepKind.RETRIEVAL, "retrieval"),
-    "archive_conversation": (StepKind.MEMORY_READ, "conversation"),
+    "archive_conversation": (StepKind.CONVERSATION_ARCHIVE, "conversation"),
 }
 
 

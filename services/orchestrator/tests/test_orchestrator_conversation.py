@@ -253,7 +253,7 @@ async def test_a_run_archives_large_turns_cites_them_in_the_fenced_window_and_re
     assert f"recall:{block_id}" in window and "assistant: Noted." in window
     assert f"recall:{block_id}" not in run.gateway.requests[0].messages[0].content
     (step,) = [s for s in run.store.runs[finished.run_id].steps if s.name == "conversation"]
-    assert step.kind is StepKind.MEMORY_READ and step.error is None
+    assert step.kind is StepKind.CONVERSATION_ARCHIVE and step.error is None
     assert step.detail["cited_block_ids"] == [block_id]
     assert step.detail["archived"][0]["block_id"] == block_id
 

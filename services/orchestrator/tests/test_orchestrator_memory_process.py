@@ -253,7 +253,9 @@ def test_compaction_archives_a_large_turn_and_recall_brings_it_back_verbatim(
     )
     assert run.state == pb.RUN_STATE_COMPLETED, run.reason
     (archive_step,) = [s for s in steps if s.name == "conversation"]
-    assert archive_step.kind == pb.STEP_KIND_MEMORY_READ and not archive_step.HasField("error")
+    assert archive_step.kind == pb.STEP_KIND_CONVERSATION_ARCHIVE and not archive_step.HasField(
+        "error"
+    )
     archived = detail(archive_step)
     (block_id,) = archived["cited_block_ids"]
     assert archived["archived"][0]["block_id"] == block_id

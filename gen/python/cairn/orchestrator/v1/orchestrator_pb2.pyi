@@ -79,6 +79,8 @@ class _StepKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_StepKind.Val
     STEP_KIND_MEMORY_READ: _StepKind.ValueType  # 4
     STEP_KIND_CONFIRMATION_REQUESTED: _StepKind.ValueType  # 5
     STEP_KIND_CONFIRMATION_RESOLVED: _StepKind.ValueType  # 6
+    STEP_KIND_CONVERSATION_ARCHIVE: _StepKind.ValueType  # 7
+    """Earlier conversation archived verbatim before it was clipped or evicted."""
 
 class StepKind(_StepKind, metaclass=_StepKindEnumTypeWrapper): ...
 
@@ -89,6 +91,8 @@ STEP_KIND_RETRIEVAL: StepKind.ValueType  # 3
 STEP_KIND_MEMORY_READ: StepKind.ValueType  # 4
 STEP_KIND_CONFIRMATION_REQUESTED: StepKind.ValueType  # 5
 STEP_KIND_CONFIRMATION_RESOLVED: StepKind.ValueType  # 6
+STEP_KIND_CONVERSATION_ARCHIVE: StepKind.ValueType  # 7
+"""Earlier conversation archived verbatim before it was clipped or evicted."""
 Global___StepKind: _TypeAlias = StepKind  # noqa: Y015
 
 class _RunEventKind:
