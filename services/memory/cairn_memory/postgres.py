@@ -550,16 +550,33 @@ class PostgresStore:
             )
             if owner != user_id:
                 raise Denied()
+            digest = self._vault.digest("\x00".join((draft.role, draft.label, draft.content)))
+            # Serialise archives of one conversation so two copies of a block cannot race in.
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 0))",
+                org_id,
+                draft.conversation_id,
+            )
+            held = await conn.fetchval(
+                "SELECT block_number FROM blocks WHERE org_id = $1 AND conversation_id = $2 "
+                "AND content_digest = $3 AND expires_at > $4 ORDER BY block_number LIMIT 1",
+                org_id,
+                draft.conversation_id,
+                digest,
+                now,
+            )
+            if held is not None:
+                return int(held)
             number = await conn.fetchval(
                 """
                 INSERT INTO blocks (
                     org_id, conversation_id, archived_by, label, role, content, content_sealed,
-                    search, created_at, expires_at
+                    search, created_at, expires_at, content_digest
                 ) VALUES (
                     $1, $2, $3, $4, $5, $6, $7,
                     setweight(to_tsvector('english', $4), 'A')
                         || setweight(to_tsvector('english', $8), 'B'),
-                    $9, $10
+                    $9, $10, $11
                 )
                 RETURNING block_number
                 """,
@@ -573,6 +590,7 @@ class PostgresStore:
                 draft.content,
                 now,
                 expires_at,
+                digest,
             )
         return int(number)
 

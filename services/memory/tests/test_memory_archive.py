@@ -36,6 +36,19 @@ def test_archive_ids_come_from_one_monotonic_sequence(client: ClientFactory) -> 
     assert len(set(numbers)) == len(numbers)
 
 
+def test_archiving_the_same_block_again_returns_the_block_already_kept(
+    client: ClientFactory,
+) -> None:
+    alice = client("alice")
+    conv = conversation()
+    first = alice.archive("turn 3", "The same long turn.", conv)
+    assert alice.archive("turn 3", "The same long turn.", conv) == first
+    # A different content, label or conversation is a different block.
+    assert alice.archive("turn 3", "Another long turn.", conv) != first
+    assert alice.archive("turn 4", "The same long turn.", conv) != first
+    assert alice.archive("turn 3", "The same long turn.", conversation()) != first
+
+
 def test_a_block_comes_back_verbatim_under_every_tolerant_spelling_of_its_id(
     client: ClientFactory,
 ) -> None:
@@ -76,9 +89,9 @@ def test_a_match_in_the_label_outranks_one_in_the_content(client: ClientFactory)
 
 def test_equal_matches_come_newest_first(client: ClientFactory) -> None:
     alice = client()
-    conv = conversation()
-    older = alice.archive("note", "The invoice was sent to the customer.", conv)
-    newer = alice.archive("note", "The invoice was sent to the customer.", conv)
+    # Two conversations, so the second copy is a block of its own, not the first returned.
+    older = alice.archive("note", "The invoice was sent to the customer.", conversation())
+    newer = alice.archive("note", "The invoice was sent to the customer.", conversation())
     assert [b.block_id for b in alice.search_blocks("invoice")] == [newer, older]
 
 
