@@ -10,9 +10,10 @@ import yaml
 
 from cairn_libs.stack import REPO_ROOT
 from cairn_orchestrator.errors import AgentSpecInvalid, UnknownAgent
+from cairn_orchestrator.memory_tools import MEMORY_TOOL_NAMES
 from cairn_orchestrator.specs import load_agent_specs
 
-KNOWN_TOOLS = ["search_knowledge"]
+KNOWN_TOOLS = ["search_knowledge", *MEMORY_TOOL_NAMES]
 
 VALID = {
     "name": "helper",
@@ -44,6 +45,13 @@ def test_the_shipped_handbook_agent_loads_with_its_tool_sources_and_budgets() ->
         6,
         60,
     )
+
+
+def test_the_shipped_assistant_agent_offers_the_memory_tools() -> None:
+    catalog = load_agent_specs(REPO_ROOT / "agents", known_tools=KNOWN_TOOLS)
+    spec = catalog.get("assistant")
+    assert set(MEMORY_TOOL_NAMES) <= set(spec.tools)
+    assert spec.sources == ("handbook",) and spec.reads_memory is True
 
 
 def test_a_valid_spec_loads_and_an_unknown_agent_names_the_known_ones(tmp_path: Path) -> None:
