@@ -69,7 +69,7 @@ typecheck: $(STAMP) ## mypy strict on our code
 
 check: lint typecheck test ## format check, lint, types, then every test
 
-bench: $(STAMP) ## measure speed; prints a table and writes bench/results.json
+bench: $(STAMP) bench-data ## measure speed; prints a table and writes bench/results.json
 	$(PY) -m bench
 
 bench-data: ## install the documentation corpora the retrieval benchmark reads (Debian packages, as root)

@@ -19,8 +19,9 @@ import structlog
 
 from cairn.retrieval.v1 import retrieval_pb2_grpc
 from cairn_libs.db import Database, database_url, load_migrations
-from cairn_libs.embedding import LOCAL_DIMENSIONS, Embedder, embedder_from_env
+from cairn_libs.embedding import LOCAL_DIMENSIONS, Embedder
 from cairn_libs.stack import REPO_ROOT
+from cairn_retrieval.embedders import EmbeddingSpace, GatewayEmbedder, retrieval_embedder_from_env
 from cairn_retrieval.ingest import Ingestor
 from cairn_retrieval.postgres import ChunkStore
 from cairn_retrieval.search import Searcher
@@ -44,9 +45,10 @@ class RetrievalApp:
         self._vectors = vectors
         self._embedder = embedder
         chunks = ChunkStore(database)
+        space = EmbeddingSpace(chunks=chunks, vectors=vectors, embedder=embedder)
         self._servicer = RetrievalServicer(
-            ingestor=Ingestor(chunks=chunks, vectors=vectors, embedder=embedder),
-            searcher=Searcher(chunks=chunks, vectors=vectors, embedder=embedder),
+            ingestor=Ingestor(chunks=chunks, vectors=vectors, embedder=embedder, space=space),
+            searcher=Searcher(chunks=chunks, vectors=vectors, embedder=embedder, space=space),
         )
         self._vector_store_ok: bool | None = None
 
@@ -72,6 +74,8 @@ class RetrievalApp:
         return database_ok
 
     async def stop(self) -> None:
+        if isinstance(self._embedder, GatewayEmbedder):
+            await self._embedder.close()
         await self._vectors.close()
         await self._database.close()
 
@@ -93,7 +97,7 @@ def vector_store_from_env(*, dimensions: int) -> QdrantVectorStore:
 
 
 def app_from_env() -> RetrievalApp:
-    embedder = embedder_from_env()
+    embedder = retrieval_embedder_from_env()
     dimensions = embedder.dimensions if embedder is not None else LOCAL_DIMENSIONS
     return RetrievalApp(
         database=Database(

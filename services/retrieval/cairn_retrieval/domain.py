@@ -29,8 +29,6 @@ MANAGER_ROLES = frozenset({"ingester", "admin"})
 DEFAULT_K = 4
 MAX_K = 50
 RRF_K = 60
-BM25_K1 = 1.2
-BM25_B = 0.75
 MIN_CANDIDATE_POOL = 20
 CANDIDATES_PER_RESULT = 5
 
@@ -50,6 +48,9 @@ _POINT_NAMESPACE = uuid.UUID("6f1c1e1a-3a4e-5c2b-9d7e-c0a1b2c3d4e5")
 NO_EMBEDDER_REASON = "no embedder is configured; these results are keyword-only"
 VECTOR_STORE_UNREACHABLE_REASON = "the vector store is unreachable; these results are keyword-only"
 EMBEDDER_FAILED_REASON = "the embedder failed on this query; these results are keyword-only"
+MODEL_MISMATCH_REASON = (
+    "the vector collection holds another embedding model's vectors; these results are keyword-only"
+)
 NO_QUERY_TERMS_REASON = (
     "the query has no searchable words once common words are removed; these results are dense-only"
 )
@@ -75,6 +76,7 @@ class DenseStatus(enum.Enum):
     NO_EMBEDDER = "no_embedder"
     VECTOR_STORE_UNREACHABLE = "vector_store_unreachable"
     EMBEDDER_FAILED = "embedder_failed"
+    MODEL_MISMATCH = "model_mismatch"
 
 
 # ---------------------------------------------------------------- ingest
@@ -218,6 +220,17 @@ def content_hash(doc: IncomingDocument) -> str:
         default=str,
     )
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def is_unchanged(
+    *, stored_embedding_model: str, ready_chunks: int, embedded_chunks: int, embedder_model: str
+) -> bool:
+    """Whether re-ingesting a document whose content hash is the stored one
+    writes nothing: always without an embedder; with one, only when every
+    stored chunk already has a vector of that embedder's model."""
+    if not embedder_model:
+        return True
+    return stored_embedding_model == embedder_model and embedded_chunks == ready_chunks
 
 
 def chunk_id_for(document_id: str, content_hash: str, ordinal: int) -> str:
@@ -365,6 +378,8 @@ def decide_mode(*, dense: DenseStatus, has_query_terms: bool) -> tuple[SearchMod
         return SearchMode.KEYWORD_ONLY, VECTOR_STORE_UNREACHABLE_REASON
     if dense is DenseStatus.EMBEDDER_FAILED:
         return SearchMode.KEYWORD_ONLY, EMBEDDER_FAILED_REASON
+    if dense is DenseStatus.MODEL_MISMATCH:
+        return SearchMode.KEYWORD_ONLY, MODEL_MISMATCH_REASON
     if not has_query_terms:
         return SearchMode.DENSE_ONLY, NO_QUERY_TERMS_REASON
     return SearchMode.HYBRID, ""

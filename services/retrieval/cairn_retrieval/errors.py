@@ -5,7 +5,9 @@
     ├── BadSearch                a search names a bad value          INVALID_ARGUMENT
     ├── DatabaseUnavailable      PostgreSQL did not answer           UNAVAILABLE
     ├── VectorStoreUnavailable   Qdrant did not answer               UNAVAILABLE
-    └── EmbedderFailed           the embedder raised on a text       UNAVAILABLE
+    ├── EmbedderFailed           the embedder raised on a text       UNAVAILABLE
+    └── EmbeddingModelMismatch   the collection holds another        FAILED_PRECONDITION
+                                 model's vectors
 
 Access refusals are not here: they are always cairn_libs.errors.Denied (I6).
 A BadDocument inside a batch does not fail the call: it becomes that document's
@@ -15,7 +17,7 @@ not errors either: the search degrades to keyword-only and says so (I11).
 
 from __future__ import annotations
 
-from cairn_libs.errors import CairnError, DependencyUnavailable, InvalidInput
+from cairn_libs.errors import CairnError, Conflict, DependencyUnavailable, InvalidInput
 
 
 class RetrievalError(CairnError):
@@ -39,4 +41,8 @@ class VectorStoreUnavailable(RetrievalError, DependencyUnavailable):
 
 
 class EmbedderFailed(RetrievalError, DependencyUnavailable):
+    pass
+
+
+class EmbeddingModelMismatch(RetrievalError, Conflict):
     pass

@@ -26,9 +26,11 @@ from cairn_retrieval.domain import (
     Outcome,
     PreparedDocument,
     check_batch_size,
+    is_unchanged,
     may_manage,
     prepare_document,
 )
+from cairn_retrieval.embedders import EmbeddingSpace
 from cairn_retrieval.errors import BadDocument, EmbedderFailed, VectorStoreUnavailable
 from cairn_retrieval.postgres import ChunkStore, DocumentSession
 from cairn_retrieval.vectors import VectorPoint, VectorStore
@@ -39,11 +41,17 @@ tracer = trace.get_tracer(__name__)
 
 class Ingestor:
     def __init__(
-        self, *, chunks: ChunkStore, vectors: VectorStore, embedder: Embedder | None
+        self,
+        *,
+        chunks: ChunkStore,
+        vectors: VectorStore,
+        embedder: Embedder | None,
+        space: EmbeddingSpace | None = None,
     ) -> None:
         self._chunks = chunks
         self._vectors = vectors
         self._embedder = embedder
+        self._space = space or EmbeddingSpace(chunks=chunks, vectors=vectors, embedder=embedder)
 
     async def ingest(
         self, principal: Principal, documents: Sequence[IncomingDocument]
@@ -52,6 +60,7 @@ class Ingestor:
         if not may_manage(principal):
             raise Denied()
         check_batch_size(len(documents))
+        await self._space.check()
         chunks_written = 0
         for done, document in enumerate(documents, start=1):
             result = await self._ingest_one(principal.org_id, document)
@@ -92,13 +101,21 @@ class Ingestor:
         if stored.pending_chunk_ids:
             await self._forget_vectors(session.org_id, stored.pending_chunk_ids)
             await session.discard_pending()
+        model_id = self._embedder.model_id if self._embedder is not None else ""
         if stored.content_hash == prepared.content_hash:
-            return DocumentResult(
-                document_id,
-                Outcome.UNCHANGED,
-                chunks=stored.ready_chunks,
+            if is_unchanged(
+                stored_embedding_model=stored.embedding_model,
+                ready_chunks=stored.ready_chunks,
                 embedded_chunks=stored.embedded_chunks,
-            )
+                embedder_model=model_id,
+            ):
+                return DocumentResult(
+                    document_id,
+                    Outcome.UNCHANGED,
+                    chunks=stored.ready_chunks,
+                    embedded_chunks=stored.embedded_chunks,
+                )
+            return await self._embed_in_place(session, prepared)
 
         vectors: list[list[float]] | None = None
         if self._embedder is not None:
@@ -129,14 +146,11 @@ class Ingestor:
             except VectorStoreUnavailable:
                 await self._forget_vectors(prepared.org_id, [c.chunk_id for c in prepared.chunks])
                 await session.discard_pending()
-                return DocumentResult(
-                    document_id,
-                    Outcome.FAILED,
-                    error="the vector store is unreachable; the document was not changed, "
-                    "ingest it again when the vector store is back",
-                )
+                return _vector_store_failed(document_id)
 
-        published = await session.publish(prepared, embedded=vectors is not None)
+        published = await session.publish(
+            prepared, embedding_model=model_id if vectors is not None else ""
+        )
         await self._forget_vectors(prepared.org_id, published.removed_embedded_chunk_ids)
         count = len(prepared.chunks)
         return DocumentResult(
@@ -146,12 +160,58 @@ class Ingestor:
             embedded_chunks=count if vectors is not None else 0,
         )
 
+    async def _embed_in_place(
+        self, session: DocumentSession, prepared: PreparedDocument
+    ) -> DocumentResult:
+        """Same content, but its vectors are missing or from another model: embed
+        the stored chunks (their ids and texts, whatever chunking made them),
+        upsert the points, then record the vectors in one transaction. Until
+        that transaction commits PostgreSQL holds no vector of this model for
+        them, so no dense score is computed from a half-written state."""
+        assert self._embedder is not None
+        document_id = prepared.document.document_id
+        stored_chunks = await session.ready_chunks()
+        try:
+            vectors = await self._embed([text for _, text in stored_chunks])
+        except EmbedderFailed as exc:
+            log.warning("ingest.embed_failed", document_id=document_id, error=exc.message)
+            return DocumentResult(
+                document_id, Outcome.FAILED, error=f"{exc.message}; the document was not changed"
+            )
+        points = [
+            VectorPoint(
+                chunk_id=chunk_id,
+                document_id=document_id,
+                source=prepared.document.source,
+                acl=prepared.acl_keys,
+                vector=v,
+            )
+            for (chunk_id, _), v in zip(stored_chunks, vectors, strict=True)
+        ]
+        try:
+            await self._vectors.upsert(prepared.org_id, points)
+        except VectorStoreUnavailable:
+            return _vector_store_failed(document_id)
+        await session.record_vectors(
+            [chunk_id for chunk_id, _ in stored_chunks],
+            vectors,
+            embedding_model=self._embedder.model_id,
+        )
+        return DocumentResult(
+            document_id,
+            Outcome.REPLACED,
+            chunks=len(stored_chunks),
+            embedded_chunks=len(stored_chunks),
+        )
+
     async def _embed(self, texts: Sequence[str]) -> list[list[float]]:
         assert self._embedder is not None
         with tracer.start_as_current_span("retrieval.embed") as span:
             span.set_attribute("cairn.texts", len(texts))
             try:
                 vectors = await self._embedder.embed(texts)
+            except EmbedderFailed:
+                raise
             except Exception as exc:
                 # The embedder is a third-party runtime (onnxruntime, or a provider).
                 raise EmbedderFailed(f"the embedder failed ({type(exc).__name__})") from exc
@@ -200,8 +260,20 @@ class Ingestor:
     async def stats(self, principal: Principal) -> CorpusStats:
         if not may_manage(principal):
             raise Denied()
-        sources = await self._chunks.counts_by_source(principal.org_id)
+        sources = await self._chunks.counts_by_source(
+            principal.org_id,
+            model_id=self._embedder.model_id if self._embedder is not None else "",
+        )
         return CorpusStats(
             sources=tuple(sources),
             embedder=self._embedder.model_id if self._embedder is not None else "",
         )
+
+
+def _vector_store_failed(document_id: str) -> DocumentResult:
+    return DocumentResult(
+        document_id,
+        Outcome.FAILED,
+        error="the vector store is unreachable; the document was not changed, "
+        "ingest it again when the vector store is back",
+    )

@@ -1,17 +1,25 @@
-"""Retrieval's PostgreSQL: documents, chunks and postings, and true Okapi BM25
-computed in one statement over the caller's visible set.
+"""Retrieval's PostgreSQL: documents, chunks, postings, and the statistics that
+make Okapi BM25 exact over any caller's visible set and fast to compute.
 
-BM25 statistics (N, average chunk length, document frequencies) are counted at
-query time from the chunks the caller's ACL predicate admits, not kept as
-global counters: a global df or N would let a forbidden document move a
-caller's scores (DESIGN I2), and per-caller counters cannot be maintained for
-every combination of org, sources and ACL keys.
+BM25 statistics (N, total chunk length, document frequencies) are kept per
+audience, the chunks of one org sharing a source and an ACL, and changed in the
+transaction that publishes or deletes the chunks they count. The caller's ACL
+predicate admits an audience whole or not at all, so the caller's statistics
+are sums over admitted audiences: never counted over the whole table (a global
+df or N would let a forbidden document move a caller's scores, DESIGN I2), and
+never recounted from the postings at query time. A write changes only the
+rows of its own audience; nothing is cached outside the transaction that reads
+it, so no statistic can be stale. A search reads its statistics and its
+postings in one REPEATABLE READ snapshot. Which postings it reads is decided
+by `bm25` (MaxScore); the scores are those of the exhaustive formula.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator, Sequence
+import math
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
@@ -19,13 +27,8 @@ import asyncpg
 
 from cairn_libs.acl import AclPredicate
 from cairn_libs.db import Database, vector_literal
-from cairn_retrieval.domain import (
-    BM25_B,
-    BM25_K1,
-    ChunkRecord,
-    PreparedDocument,
-    SourceCounts,
-)
+from cairn_retrieval import bm25 as okapi
+from cairn_retrieval.domain import ChunkRecord, PreparedDocument, SourceCounts
 from cairn_retrieval.errors import DatabaseUnavailable
 
 _CONNECTION_ERRORS = (
@@ -48,11 +51,31 @@ def _translated() -> Iterator[None]:
         ) from exc
 
 
+# asyncpg prepares every statement; after five runs PostgreSQL may switch to a
+# generic plan, costed without the parameters. For these statements the row
+# counts hinge on the parameters (a rare or a common term, one audience or ten),
+# and a generic plan measured 30-100 times slower at 100k chunks.
+_CUSTOM_PLANS = "SET LOCAL plan_cache_mode = force_custom_plan"
+
+
+# Pass 1 keeps only the chunks with the best essential parts ($13 of them).
+_KEPT_BEST = """
+    SELECT chunk_no, term, s FROM (
+        SELECT chunk_no, term, s,
+               dense_rank() OVER (ORDER BY part DESC, chunk_no) AS place
+        FROM partial
+        WHERE part + $10::float8 >= $11::float8
+    ) ranked
+    WHERE place <= $13::int
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class StoredVersion:
     """What PostgreSQL holds for one document id right now."""
 
     content_hash: str | None
+    embedding_model: str
     ready_chunks: int
     embedded_chunks: int
     pending_chunk_ids: tuple[str, ...]
@@ -72,6 +95,81 @@ class Published:
     removed_embedded_chunk_ids: tuple[str, ...]
 
 
+async def _apply_statistics(
+    conn: asyncpg.Connection,
+    org_id: str,
+    audiences: Mapping[int, tuple[int, int]],
+    terms: Mapping[tuple[str, int], int],
+) -> None:
+    """Add (chunks, total length) per audience and df per (term, audience).
+
+    Audience rows are locked first, in id order, then term rows in (term,
+    audience) order: two writers touch the same term rows only when they write
+    to the same audience, and then the audience lock has already ordered them.
+    """
+    if not audiences:
+        return
+    ids = sorted(audiences)
+    await conn.execute(
+        "SELECT 1 FROM audiences WHERE audience_id = ANY($1::bigint[]) "
+        "ORDER BY audience_id FOR UPDATE",
+        ids,
+    )
+    await conn.execute(
+        "UPDATE audiences a SET chunks = a.chunks + d.n, total_length = a.total_length + d.total "
+        "FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS d(audience_id, n, total) "
+        "WHERE a.audience_id = d.audience_id",
+        ids,
+        [audiences[i][0] for i in ids],
+        [audiences[i][1] for i in ids],
+    )
+    keys = sorted((k for k, delta in terms.items() if delta), key=lambda k: (k[0].encode(), k[1]))
+    if not keys:
+        return
+    await conn.execute(
+        "INSERT INTO term_stats (org_id, term, audience_id, df) "
+        "SELECT $1, d.term, d.audience_id, d.delta "
+        "FROM unnest($2::text[], $3::bigint[], $4::bigint[]) WITH ORDINALITY "
+        "AS d(term, audience_id, delta, position) ORDER BY d.position "
+        "ON CONFLICT (org_id, term, audience_id) DO UPDATE SET df = term_stats.df + EXCLUDED.df",
+        org_id,
+        [k[0] for k in keys],
+        [k[1] for k in keys],
+        [terms[k] for k in keys],
+    )
+    if any(terms[k] < 0 for k in keys):
+        await conn.execute(
+            "DELETE FROM term_stats t USING unnest($2::text[], $3::bigint[]) AS d(term, audience_id) "
+            "WHERE t.org_id = $1 AND t.term = d.term AND t.audience_id = d.audience_id "
+            "AND t.df <= 0",
+            org_id,
+            [k[0] for k in keys if terms[k] < 0],
+            [k[1] for k in keys if terms[k] < 0],
+        )
+
+
+async def _remove_ready(
+    conn: asyncpg.Connection, org_id: str, removed: Sequence[asyncpg.Record]
+) -> None:
+    """Take removed ready chunks (chunk_no, audience_id, length) out of the
+    postings and the statistics, in the caller's transaction."""
+    ready = [r for r in removed if r["state"] == "ready"]
+    if not ready:
+        return
+    postings = await conn.fetch(
+        "DELETE FROM postings WHERE org_id = $1 AND chunk_no = ANY($2::bigint[]) "
+        "RETURNING term, audience_id",
+        org_id,
+        [r["chunk_no"] for r in ready],
+    )
+    audiences: dict[int, tuple[int, int]] = {}
+    for r in ready:
+        n, total = audiences.get(r["audience_id"], (0, 0))
+        audiences[r["audience_id"]] = (n - 1, total - r["length"])
+    terms = Counter((p["term"], p["audience_id"]) for p in postings)
+    await _apply_statistics(conn, org_id, audiences, {k: -v for k, v in terms.items()})
+
+
 class DocumentSession:
     """One document's writes, on one connection holding that document's lock, so
     two concurrent ingests or deletes of the same id cannot interleave."""
@@ -83,8 +181,9 @@ class DocumentSession:
 
     async def current(self) -> StoredVersion:
         with _translated():
-            content_hash = await self._conn.fetchval(
-                "SELECT content_hash FROM documents WHERE org_id = $1 AND document_id = $2",
+            document = await self._conn.fetchrow(
+                "SELECT content_hash, embedding_model FROM documents "
+                "WHERE org_id = $1 AND document_id = $2",
                 self.org_id,
                 self.document_id,
             )
@@ -98,14 +197,16 @@ class DocumentSession:
             )
         assert row is not None
         return StoredVersion(
-            content_hash=content_hash,
+            content_hash=document["content_hash"] if document is not None else None,
+            embedding_model=document["embedding_model"] if document is not None else "",
             ready_chunks=int(row["ready"]),
             embedded_chunks=int(row["embedded"]),
             pending_chunk_ids=tuple(row["pending"]),
         )
 
     async def discard_pending(self) -> None:
-        """Drop chunks a failed or interrupted write left behind (never served)."""
+        """Drop chunks a failed or interrupted write left behind (never served;
+        pending chunks have no postings and count in no statistic)."""
         with _translated():
             await self._conn.execute(
                 "DELETE FROM chunks WHERE org_id = $1 AND document_id = $2 AND state = 'pending'",
@@ -116,29 +217,45 @@ class DocumentSession:
     async def write_pending(
         self, prepared: PreparedDocument, *, vectors: Sequence[Sequence[float]] | None
     ) -> None:
-        """The new version's chunks and postings, invisible to search until published."""
+        """The new version's chunks, invisible to search until published."""
         doc = prepared.document
         chunks = prepared.chunks
         embeddings = (
             [vector_literal(v) for v in vectors] if vectors is not None else [None] * len(chunks)
         )
-        postings = [
-            (c.chunk_id, term, tf) for c in chunks for term, tf in c.term_frequencies.items()
-        ]
+        acl = list(prepared.acl_keys)
         with _translated():
             async with self._conn.transaction():
+                # DO NOTHING, then read: an update would lock the row and leave a
+                # dead tuple behind on every ingest.
                 await self._conn.execute(
-                    "INSERT INTO chunks (org_id, chunk_id, document_id, source, acl, title, text, "
-                    "ordinal, char_start, char_end, length, state, embedded, embedding) "
-                    "SELECT $1, u.chunk_id, $2, $3, $4::text[], $5, u.text, u.ordinal, "
+                    "INSERT INTO audiences (org_id, source, acl) VALUES ($1, $2, $3::text[]) "
+                    "ON CONFLICT (org_id, source, acl) DO NOTHING",
+                    prepared.org_id,
+                    doc.source,
+                    acl,
+                )
+                audience_id = await self._conn.fetchval(
+                    "SELECT audience_id FROM audiences "
+                    "WHERE org_id = $1 AND source = $2 AND acl = $3::text[]",
+                    prepared.org_id,
+                    doc.source,
+                    acl,
+                )
+                await self._conn.execute(
+                    "INSERT INTO chunks (org_id, chunk_id, document_id, source, acl, audience_id, "
+                    "title, text, ordinal, char_start, char_end, length, state, embedded, "
+                    "embedding) "
+                    "SELECT $1, u.chunk_id, $2, $3, $4::text[], $5, $6, u.text, u.ordinal, "
                     "u.char_start, u.char_end, u.length, 'pending', false, u.embedding::vector "
-                    "FROM unnest($6::text[], $7::text[], $8::int[], $9::int[], $10::int[], "
-                    "$11::int[], $12::text[]) "
+                    "FROM unnest($7::text[], $8::text[], $9::int[], $10::int[], $11::int[], "
+                    "$12::int[], $13::text[]) "
                     "AS u(chunk_id, text, ordinal, char_start, char_end, length, embedding)",
                     prepared.org_id,
                     doc.document_id,
                     doc.source,
-                    list(prepared.acl_keys),
+                    acl,
+                    audience_id,
                     doc.title,
                     [c.chunk_id for c in chunks],
                     [c.text for c in chunks],
@@ -148,42 +265,65 @@ class DocumentSession:
                     [c.length for c in chunks],
                     embeddings,
                 )
-                await self._conn.execute(
-                    "INSERT INTO postings (org_id, chunk_id, term, tf) "
-                    "SELECT $1, u.chunk_id, u.term, u.tf "
-                    "FROM unnest($2::text[], $3::text[], $4::int[]) AS u(chunk_id, term, tf)",
-                    prepared.org_id,
-                    [p[0] for p in postings],
-                    [p[1] for p in postings],
-                    [p[2] for p in postings],
-                )
 
-    async def publish(self, prepared: PreparedDocument, *, embedded: bool) -> Published:
-        """Swap versions in one transaction: the old chunks go, the new become ready."""
+    async def publish(self, prepared: PreparedDocument, *, embedding_model: str) -> Published:
+        """Swap versions in one transaction: the old chunks, their postings and
+        their share of the statistics go; the new chunks become ready with
+        theirs. `embedding_model` is '' when the new chunks have no vectors."""
         doc = prepared.document
+        org_id = prepared.org_id
         with _translated():
             async with self._conn.transaction():
                 removed = await self._conn.fetch(
                     "DELETE FROM chunks WHERE org_id = $1 AND document_id = $2 AND state = 'ready' "
-                    "RETURNING chunk_id, embedded",
-                    prepared.org_id,
+                    "RETURNING chunk_id, chunk_no, audience_id, length, embedded, state",
+                    org_id,
                     doc.document_id,
                 )
-                await self._conn.execute(
-                    "UPDATE chunks SET state = 'ready', embedded = $3 "
-                    "WHERE org_id = $1 AND chunk_id = ANY($2::text[])",
-                    prepared.org_id,
+                await _remove_ready(self._conn, org_id, removed)
+                published = await self._conn.fetch(
+                    "UPDATE chunks SET state = 'ready', embedded = $3, embedding_model = $4 "
+                    "WHERE org_id = $1 AND chunk_id = ANY($2::text[]) "
+                    "RETURNING chunk_id, chunk_no, audience_id, length",
+                    org_id,
                     [c.chunk_id for c in prepared.chunks],
-                    embedded,
+                    bool(embedding_model),
+                    embedding_model,
                 )
+                numbers = {r["chunk_id"]: (r["chunk_no"], r["audience_id"]) for r in published}
+                rows = [
+                    (term, numbers[c.chunk_id][0], numbers[c.chunk_id][1], tf, c.length)
+                    for c in prepared.chunks
+                    for term, tf in c.term_frequencies.items()
+                ]
+                await self._conn.execute(
+                    "INSERT INTO postings (org_id, term, chunk_no, audience_id, tf, length) "
+                    "SELECT $1, u.term, u.chunk_no, u.audience_id, u.tf, u.length "
+                    "FROM unnest($2::text[], $3::bigint[], $4::bigint[], $5::int[], $6::int[]) "
+                    "AS u(term, chunk_no, audience_id, tf, length)",
+                    org_id,
+                    [r[0] for r in rows],
+                    [r[1] for r in rows],
+                    [r[2] for r in rows],
+                    [r[3] for r in rows],
+                    [r[4] for r in rows],
+                )
+                audiences: dict[int, tuple[int, int]] = {}
+                for r in published:
+                    n, total = audiences.get(r["audience_id"], (0, 0))
+                    audiences[r["audience_id"]] = (n + 1, total + r["length"])
+                term_deltas = Counter((r[0], r[2]) for r in rows)
+                await _apply_statistics(self._conn, org_id, audiences, term_deltas)
                 await self._conn.execute(
                     "INSERT INTO documents (org_id, document_id, source, title, content_hash, acl, "
-                    "metadata, chunk_count) VALUES ($1, $2, $3, $4, $5, $6::text[], $7::jsonb, $8) "
+                    "metadata, chunk_count, embedding_model) "
+                    "VALUES ($1, $2, $3, $4, $5, $6::text[], $7::jsonb, $8, $9) "
                     "ON CONFLICT (org_id, document_id) DO UPDATE SET source = EXCLUDED.source, "
                     "title = EXCLUDED.title, content_hash = EXCLUDED.content_hash, "
                     "acl = EXCLUDED.acl, metadata = EXCLUDED.metadata, "
-                    "chunk_count = EXCLUDED.chunk_count, updated_at = now()",
-                    prepared.org_id,
+                    "chunk_count = EXCLUDED.chunk_count, "
+                    "embedding_model = EXCLUDED.embedding_model, updated_at = now()",
+                    org_id,
                     doc.document_id,
                     doc.source,
                     doc.title,
@@ -191,21 +331,64 @@ class DocumentSession:
                     list(prepared.acl_keys),
                     json.dumps(dict(doc.metadata), default=str),
                     len(prepared.chunks),
+                    embedding_model,
                 )
         return Published(
             removed_chunks=len(removed),
             removed_embedded_chunk_ids=tuple(r["chunk_id"] for r in removed if r["embedded"]),
         )
 
+    async def ready_chunks(self) -> list[tuple[str, str]]:
+        """(chunk id, text) of the served version, in order."""
+        with _translated():
+            rows = await self._conn.fetch(
+                "SELECT chunk_id, text FROM chunks WHERE org_id = $1 AND document_id = $2 "
+                "AND state = 'ready' ORDER BY ordinal",
+                self.org_id,
+                self.document_id,
+            )
+        return [(r["chunk_id"], r["text"]) for r in rows]
+
+    async def record_vectors(
+        self,
+        chunk_ids: Sequence[str],
+        vectors: Sequence[Sequence[float]],
+        *,
+        embedding_model: str,
+    ) -> None:
+        """Give the served chunks their vectors of `embedding_model`, in one transaction."""
+        with _translated():
+            async with self._conn.transaction():
+                await self._conn.execute(
+                    "UPDATE chunks c SET embedding = u.embedding::vector, embedded = true, "
+                    "embedding_model = $3 "
+                    "FROM unnest($2::text[], $4::text[]) AS u(chunk_id, embedding) "
+                    "WHERE c.org_id = $1 AND c.chunk_id = u.chunk_id AND c.state = 'ready'",
+                    self.org_id,
+                    list(chunk_ids),
+                    embedding_model,
+                    [vector_literal(v) for v in vectors],
+                )
+                await self._conn.execute(
+                    "UPDATE documents SET embedding_model = $3, updated_at = now() "
+                    "WHERE org_id = $1 AND document_id = $2",
+                    self.org_id,
+                    self.document_id,
+                    embedding_model,
+                )
+
     async def delete(self) -> int:
-        """Remove the document, its chunks and postings; the number of ready chunks removed."""
+        """Remove the document, its chunks, postings and share of the statistics;
+        the number of ready chunks removed."""
         with _translated():
             async with self._conn.transaction():
                 removed = await self._conn.fetch(
-                    "DELETE FROM chunks WHERE org_id = $1 AND document_id = $2 RETURNING state",
+                    "DELETE FROM chunks WHERE org_id = $1 AND document_id = $2 "
+                    "RETURNING chunk_no, audience_id, length, state",
                     self.org_id,
                     self.document_id,
                 )
+                await _remove_ready(self._conn, self.org_id, removed)
                 await self._conn.execute(
                     "DELETE FROM documents WHERE org_id = $1 AND document_id = $2",
                     self.org_id,
@@ -242,52 +425,239 @@ class ChunkStore:
             await pool.release(conn)
 
     async def bm25(
-        self, predicate: AclPredicate, terms: Sequence[str], *, limit: int
-    ) -> list[tuple[str, float]]:
+        self,
+        predicate: AclPredicate,
+        terms: Sequence[str],
+        *,
+        limit: int,
+        first_pass_postings: int = okapi.FIRST_PASS_POSTINGS,
+        exhaustive_below: int = okapi.EXHAUSTIVE_POSTINGS,
+        probe_cost: int = okapi.PROBE_COST,
+    ) -> tuple[list[tuple[str, float]], okapi.SearchTrace]:
         """Top `limit` visible chunks by Okapi BM25, best first, ties by chunk id.
 
-        idf = ln(1 + (N - df + 0.5) / (df + 0.5)), with N, avgdl and df counted
-        over the chunks `predicate` admits that are ready; nothing else is read.
-        Per-term contributions are summed in term order, so a chunk's score is the
-        same float whatever plan or row order PostgreSQL picks (I2 asks for
-        identical scores, not merely close ones).
+        N, avgdl and df come from the audiences `predicate` admits; only ready
+        chunks have postings or count in a statistic. Each chunk's score sums
+        its terms' contributions in term order, so it is the same float whatever
+        plan PostgreSQL picks and whatever pass scored it (I2 asks for identical
+        scores, not merely close ones).
         """
+        if not terms:
+            return [], okapi.SearchTrace(passes=0, pruned=False)
+        with _translated():
+            async with (
+                self._db.pool.acquire() as conn,
+                conn.transaction(isolation="repeatable_read", readonly=True),
+            ):
+                await conn.execute(_CUSTOM_PLANS)
+                return await self._bm25(
+                    conn,
+                    predicate,
+                    terms,
+                    limit,
+                    first_pass_postings,
+                    exhaustive_below,
+                    probe_cost,
+                )
+
+    async def _bm25(
+        self,
+        conn: asyncpg.Connection,
+        predicate: AclPredicate,
+        terms: Sequence[str],
+        limit: int,
+        first_pass_postings: int,
+        exhaustive_below: int,
+        probe_cost: int,
+    ) -> tuple[list[tuple[str, float]], okapi.SearchTrace]:
+        audiences, stats = await self._visible_statistics(conn, predicate, terms)
+        weights = okapi.term_weights(stats)
+
+        async def score(plan: okapi.Pass) -> dict[str, float]:
+            return await self._score(conn, predicate.org_id, audiences, stats, weights, plan, limit)
+
+        return await okapi.top_chunks(
+            weights,
+            limit,
+            score,
+            budget=first_pass_postings,
+            exhaustive_below=exhaustive_below,
+            probe_cost=probe_cost,
+        )
+
+    async def _visible_statistics(
+        self, conn: asyncpg.Connection, predicate: AclPredicate, terms: Sequence[str]
+    ) -> tuple[list[int], okapi.VisibleStatistics]:
+        clause, params = predicate.to_sql(alias="a", first_param=1)
+        n = len(params)
+        row = await conn.fetchrow(
+            f"""
+            WITH admitted AS (
+                SELECT a.audience_id, a.chunks, a.total_length FROM audiences a
+                WHERE {clause} AND a.chunks > 0
+            ),
+            df AS (
+                SELECT t.term, sum(t.df)::bigint AS df FROM term_stats t
+                WHERE t.org_id = ${n + 1} AND t.term = ANY(${n + 2}::text[])
+                  AND t.audience_id IN (SELECT audience_id FROM admitted)
+                GROUP BY t.term
+            )
+            SELECT
+                (SELECT coalesce(array_agg(audience_id ORDER BY audience_id), '{{}}')
+                 FROM admitted) AS audiences,
+                (SELECT coalesce(sum(chunks), 0)::bigint FROM admitted) AS chunks,
+                (SELECT coalesce(sum(total_length), 0)::bigint FROM admitted) AS total_length,
+                (SELECT coalesce(array_agg(term), '{{}}') FROM df) AS terms,
+                (SELECT coalesce(array_agg(df), '{{}}') FROM df) AS dfs
+            """,
+            *params,
+            predicate.org_id,
+            list(terms),
+        )
+        assert row is not None
+        stats = okapi.VisibleStatistics(
+            chunks=int(row["chunks"]),
+            total_length=int(row["total_length"]),
+            document_frequencies=dict(zip(row["terms"], map(int, row["dfs"]), strict=True)),
+        )
+        return list(row["audiences"]), stats
+
+    async def _score(
+        self,
+        conn: asyncpg.Connection,
+        org_id: str,
+        audiences: Sequence[int],
+        stats: okapi.VisibleStatistics,
+        weights: Sequence[okapi.TermWeight],
+        plan: okapi.Pass,
+        limit: int,
+    ) -> dict[str, float]:
+        """Full scores of the chunks `plan` admits, cut to the best `limit` and
+        anything tied with the last of them (the caller breaks ties by id)."""
+        kept = (
+            _KEPT_BEST
+            if plan.best_partial is not None
+            else "SELECT chunk_no, term, s FROM partial WHERE part + $10::float8 >= $11::float8"
+        )
+        rows = await conn.fetch(
+            f"""
+            WITH weight AS (
+                SELECT * FROM unnest($3::text[], $4::float8[]) AS w(term, idf)
+            ),
+            essential AS (
+                SELECT p.chunk_no, p.term,
+                       w.idf * p.tf * ($5::float8 + 1)
+                       / (p.tf + $5::float8 * (1 - $6::float8 + $6::float8 * p.length / $7::float8))
+                       AS s
+                FROM postings p JOIN weight w ON w.term = p.term
+                WHERE p.org_id = $1 AND p.term = ANY($8::text[])
+                  AND p.audience_id = ANY($2::bigint[])
+            ),
+            -- A window, not a join back to the survivors: the planner cannot
+            -- estimate these row counts, and a window never turns quadratic.
+            partial AS (
+                SELECT chunk_no, term, s, sum(s) OVER (PARTITION BY chunk_no) AS part
+                FROM essential
+            ),
+            kept AS ({kept}),
+            survivor AS (
+                SELECT DISTINCT chunk_no FROM kept WHERE cardinality($9::text[]) > 0
+            ),
+            rest AS (
+                SELECT v.chunk_no, p.term,
+                       w.idf * p.tf * ($5::float8 + 1)
+                       / (p.tf + $5::float8 * (1 - $6::float8 + $6::float8 * p.length / $7::float8))
+                       AS s
+                FROM survivor v
+                CROSS JOIN LATERAL (
+                    SELECT q.term, q.tf, q.length FROM postings q
+                    WHERE q.org_id = $1 AND q.chunk_no = v.chunk_no
+                      AND q.term = ANY($9::text[])
+                ) p
+                JOIN weight w ON w.term = p.term
+            ),
+            scored AS (
+                SELECT chunk_no, sum(s ORDER BY term COLLATE "C") AS score FROM (
+                    SELECT chunk_no, term, s FROM kept
+                    UNION ALL
+                    SELECT chunk_no, term, s FROM rest
+                ) contribution
+                GROUP BY chunk_no
+            ),
+            cutoff AS (
+                SELECT min(score) AS score FROM (
+                    SELECT score FROM scored ORDER BY score DESC LIMIT $12
+                ) best
+            )
+            SELECT c.chunk_id, s.score
+            FROM scored s CROSS JOIN cutoff
+            JOIN chunks c ON c.chunk_no = s.chunk_no
+            WHERE s.score >= cutoff.score AND c.org_id = $1
+            """,
+            org_id,
+            list(audiences),
+            [w.term for w in weights],
+            [w.idf for w in weights],
+            okapi.BM25_K1,
+            okapi.BM25_B,
+            stats.average_length,
+            list(plan.essential),
+            list(plan.rest),
+            plan.rest_bound if math.isfinite(plan.rest_bound) else 1e300,
+            plan.floor if math.isfinite(plan.floor) else -1e300,
+            limit,
+            *([plan.best_partial] if plan.best_partial is not None else []),
+        )
+        return {r["chunk_id"]: float(r["score"]) for r in rows}
+
+    async def bm25_exhaustive(
+        self, predicate: AclPredicate, terms: Sequence[str], *, limit: int
+    ) -> list[tuple[str, float]]:
+        """The plain statement BM25 had before audiences and pruning: statistics
+        counted over the visible chunks and every posting of every term scored.
+        Kept as the benchmark's baseline and the tests' second opinion."""
         if not terms:
             return []
         clause, params = predicate.to_sql(alias="c", first_param=1)
         n = len(params)
         sql = f"""
             WITH visible AS (
-                SELECT c.chunk_id, c.length FROM chunks c
+                SELECT c.chunk_no, c.length FROM chunks c
                 WHERE {clause} AND c.state = 'ready'
             ),
             corpus AS (
                 SELECT count(*)::float8 AS n, avg(length)::float8 AS avgdl FROM visible
             ),
             hits AS (
-                SELECT p.term, p.chunk_id, p.tf::float8 AS tf, v.length::float8 AS dl
-                FROM postings p JOIN visible v ON v.chunk_id = p.chunk_id
+                SELECT p.term, v.chunk_no, p.tf::float8 AS tf, v.length::float8 AS dl
+                FROM postings p JOIN visible v ON v.chunk_no = p.chunk_no
                 WHERE p.org_id = ${n + 1} AND p.term = ANY(${n + 2}::text[])
             ),
             df AS (
                 SELECT term, count(*)::float8 AS df FROM hits GROUP BY term
+            ),
+            scored AS (
+                SELECT h.chunk_no,
+                       sum(ln(1 + (s.n - d.df + 0.5) / (d.df + 0.5))
+                           * h.tf * (${n + 3}::float8 + 1)
+                           / (h.tf + ${n + 3}::float8
+                              * (1 - ${n + 4}::float8
+                                 + ${n + 4}::float8 * h.dl / NULLIF(s.avgdl, 0)))
+                           ORDER BY h.term COLLATE "C")
+                       AS score
+                FROM hits h JOIN df d ON d.term = h.term CROSS JOIN corpus s
+                GROUP BY h.chunk_no
             )
-            SELECT h.chunk_id,
-                   sum(ln(1 + (s.n - d.df + 0.5) / (d.df + 0.5))
-                       * h.tf * (${n + 3}::float8 + 1)
-                       / (h.tf + ${n + 3}::float8
-                          * (1 - ${n + 4}::float8 + ${n + 4}::float8 * h.dl / NULLIF(s.avgdl, 0)))
-                       ORDER BY h.term COLLATE "C")
-                   AS score
-            FROM hits h JOIN df d ON d.term = h.term CROSS JOIN corpus s
-            GROUP BY h.chunk_id
-            ORDER BY score DESC, h.chunk_id COLLATE "C"
+            SELECT c.chunk_id, s.score FROM scored s JOIN chunks c ON c.chunk_no = s.chunk_no
+            ORDER BY s.score DESC, c.chunk_id COLLATE "C"
             LIMIT ${n + 5}
         """
         with _translated():
-            rows = await self._db.pool.fetch(
-                sql, *params, predicate.org_id, list(terms), BM25_K1, BM25_B, limit
-            )
+            async with self._db.pool.acquire() as conn, conn.transaction(readonly=True):
+                await conn.execute(_CUSTOM_PLANS)
+                rows = await conn.fetch(
+                    sql, *params, predicate.org_id, list(terms), okapi.BM25_K1, okapi.BM25_B, limit
+                )
         return [(r["chunk_id"], float(r["score"])) for r in rows]
 
     async def visible_chunks(
@@ -296,9 +666,11 @@ class ChunkStore:
         chunk_ids: Sequence[str],
         *,
         query_vector: Sequence[float] | None,
+        model_id: str,
     ) -> tuple[dict[str, ChunkRecord], dict[str, float]]:
         """The named chunks the predicate admits and that are ready (others are
-        absent), and the cosine similarity of each embedded one to `query_vector`."""
+        absent), and the cosine similarity to `query_vector` of each one holding
+        a vector of `model_id` (a vector of another model is not comparable)."""
         if not chunk_ids:
             return {}, {}
         clause, params = predicate.to_sql(alias="c", first_param=1)
@@ -306,12 +678,14 @@ class ChunkStore:
         with _translated():
             rows = await self._db.pool.fetch(
                 "SELECT c.chunk_id, c.document_id, c.source, c.title, c.char_start, c.char_end, "
-                f"c.text, 1 - (c.embedding <=> ${n + 2}::vector) AS dense_score "
+                f"c.text, CASE WHEN c.embedding_model = ${n + 3} "
+                f"THEN 1 - (c.embedding <=> ${n + 2}::vector) END AS dense_score "
                 f"FROM chunks c WHERE {clause} AND c.state = 'ready' "
                 f"AND c.chunk_id = ANY(${n + 1}::text[])",
                 *params,
                 list(chunk_ids),
                 vector_literal(query_vector) if query_vector is not None else None,
+                model_id,
             )
         records = {
             r["chunk_id"]: ChunkRecord(
@@ -330,16 +704,40 @@ class ChunkStore:
         }
         return records, dense_scores
 
-    async def counts_by_source(self, org_id: str) -> list[SourceCounts]:
+    async def claim_collection(
+        self, collection: str, *, model_id: str, dimensions: int
+    ) -> tuple[str, int]:
+        """Record `model_id` as the model `collection` holds unless one is recorded;
+        the recorded (model id, dimensions)."""
+        with _translated():
+            await self._db.pool.execute(
+                "INSERT INTO vector_collections (collection, model_id, dimensions) "
+                "VALUES ($1, $2, $3) ON CONFLICT (collection) DO NOTHING",
+                collection,
+                model_id,
+                dimensions,
+            )
+            row = await self._db.pool.fetchrow(
+                "SELECT model_id, dimensions FROM vector_collections WHERE collection = $1",
+                collection,
+            )
+        assert row is not None
+        return str(row["model_id"]), int(row["dimensions"])
+
+    async def counts_by_source(self, org_id: str, *, model_id: str) -> list[SourceCounts]:
+        """Embedded chunks are those with a vector from `model_id`, or from any
+        model when it is '' (no embedder configured)."""
         with _translated():
             documents = await self._db.pool.fetch(
                 "SELECT source, count(*) AS n FROM documents WHERE org_id = $1 GROUP BY source",
                 org_id,
             )
             chunks = await self._db.pool.fetch(
-                "SELECT source, count(*) AS n, count(*) FILTER (WHERE embedded) AS embedded "
-                "FROM chunks WHERE org_id = $1 AND state = 'ready' GROUP BY source",
+                "SELECT source, count(*) AS n, "
+                "count(*) FILTER (WHERE embedded AND ($2 = '' OR embedding_model = $2)) "
+                "AS embedded FROM chunks WHERE org_id = $1 AND state = 'ready' GROUP BY source",
                 org_id,
+                model_id,
             )
         per_source: dict[str, list[int]] = {}
         for r in documents:

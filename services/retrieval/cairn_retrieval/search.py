@@ -30,6 +30,7 @@ from cairn_retrieval.domain import (
     resolve_k,
     validate_query,
 )
+from cairn_retrieval.embedders import EmbeddingSpace
 from cairn_retrieval.errors import BadSearch, VectorStoreUnavailable
 from cairn_retrieval.postgres import ChunkStore
 from cairn_retrieval.tokens import query_terms
@@ -41,11 +42,17 @@ tracer = trace.get_tracer(__name__)
 
 class Searcher:
     def __init__(
-        self, *, chunks: ChunkStore, vectors: VectorStore, embedder: Embedder | None
+        self,
+        *,
+        chunks: ChunkStore,
+        vectors: VectorStore,
+        embedder: Embedder | None,
+        space: EmbeddingSpace | None = None,
     ) -> None:
         self._chunks = chunks
         self._vectors = vectors
         self._embedder = embedder
+        self._space = space or EmbeddingSpace(chunks=chunks, vectors=vectors, embedder=embedder)
 
     async def search(
         self, principal: Principal, *, query: str, sources: Sequence[str], k: int
@@ -60,15 +67,20 @@ class Searcher:
         pool = candidate_pool(k)
 
         with tracer.start_as_current_span("retrieval.keyword") as span:
-            keyword_hits = await self._chunks.bm25(predicate, terms, limit=pool)
+            keyword_hits, trace = await self._chunks.bm25(predicate, terms, limit=pool)
             span.set_attribute("cairn.candidates", len(keyword_hits))
-        dense_status, query_vector, dense_ids = await self._dense(query, predicate, limit=pool)
+            span.set_attribute("cairn.bm25.passes", trace.passes)
+            span.set_attribute("cairn.bm25.pruned", trace.pruned)
+        dense_status, query_vector, dense_ids = await self.dense_candidates(
+            query, predicate, limit=pool
+        )
         mode, reason = decide_mode(dense=dense_status, has_query_terms=bool(terms))
 
         records, similarity = await self._chunks.visible_chunks(
             predicate,
             sorted({cid for cid, _ in keyword_hits} | set(dense_ids)),
             query_vector=query_vector,
+            model_id=self._embedder.model_id if self._embedder is not None else "",
         )
         keyword = rank(h for h in keyword_hits if h[0] in records)
         dense = rank((cid, similarity[cid]) for cid in dense_ids if cid in similarity)
@@ -85,7 +97,7 @@ class Searcher:
         )
         return SearchOutcome(results=results, mode=mode, mode_reason=reason)
 
-    async def _dense(
+    async def dense_candidates(
         self, query: str, predicate: AclPredicate, *, limit: int
     ) -> tuple[DenseStatus, list[float] | None, list[str]]:
         """Qdrant's dense candidates under the predicate, with the query vector.
@@ -95,6 +107,10 @@ class Searcher:
         move in the last bits when unrelated points are added (I2)."""
         if self._embedder is None:
             return DenseStatus.NO_EMBEDDER, None, []
+        mismatch = await self._space.mismatch()
+        if mismatch is not None:
+            log.warning("search.model_mismatch", detail=mismatch)
+            return DenseStatus.MODEL_MISMATCH, None, []
         with tracer.start_as_current_span("retrieval.dense") as span:
             try:
                 (vector,) = await self._embedder.embed([query])

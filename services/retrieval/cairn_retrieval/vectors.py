@@ -39,6 +39,10 @@ class VectorPoint:
 
 
 class VectorStore(Protocol):
+    def identity(self) -> str:
+        """Where the collection lives and its name: one vector space."""
+        ...
+
     async def ensure_collection(self) -> None: ...
 
     async def probe(self) -> bool: ...
@@ -88,6 +92,9 @@ class QdrantVectorStore:
 
     def describe(self) -> str:
         return f"url={self._url}" if self._url else f"path={self._path or self._location}"
+
+    def identity(self) -> str:
+        return f"{self.describe()} {self.collection}"
 
     def _connect(self) -> AsyncQdrantClient:
         if self._client is None:

@@ -4,7 +4,7 @@ temporary folder (local mode locks its folder to one process)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,6 +125,24 @@ def private_retrieval(service_env: dict[str, str], tmp_path: Path) -> Iterator[R
     yield running
     running.client.close()
     running.process.stop()
+
+
+@pytest.fixture
+def start_private(
+    service_env: dict[str, str], tmp_path: Path
+) -> Iterator[Callable[..., RunningRetrieval]]:
+    """Start services of the test's own, with extra environment; all stopped after."""
+    started: list[RunningRetrieval] = []
+
+    def start(name: str, **extra: str) -> RunningRetrieval:
+        running = start_retrieval(service_env, tmp_path / name, name, **extra)
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        running.client.close()
+        running.process.stop()
 
 
 @dataclass(frozen=True)

@@ -238,18 +238,18 @@ async def _chunk_rows(
     pg: asyncpg.Connection, org_id: str, document_id: str
 ) -> list[asyncpg.Record]:
     return await pg.fetch(
-        "SELECT chunk_id, state, embedded, xmin::text AS version FROM retrieval.chunks "
+        "SELECT chunk_id, chunk_no, state, embedded, xmin::text AS version FROM retrieval.chunks "
         "WHERE org_id = $1 AND document_id = $2 ORDER BY chunk_id",
         org_id,
         document_id,
     )
 
 
-async def _posting_count(pg: asyncpg.Connection, org_id: str, chunk_ids: Sequence[str]) -> int:
+async def _posting_count(pg: asyncpg.Connection, org_id: str, chunk_nos: Sequence[int]) -> int:
     count: int = await pg.fetchval(
-        "SELECT count(*) FROM retrieval.postings WHERE org_id = $1 AND chunk_id = ANY($2::text[])",
+        "SELECT count(*) FROM retrieval.postings WHERE org_id = $1 AND chunk_no = ANY($2::bigint[])",
         org_id,
-        list(chunk_ids),
+        list(chunk_nos),
     )
     return count
 
@@ -285,7 +285,9 @@ async def test_a_changed_document_replaces_its_chunks_in_both_stores(
     retrieval.client.ingest(
         org.ingester(), [document("lunch", "Lunch is served in the atrium.", groups=["staff"])]
     )
-    old_ids = [r["chunk_id"] for r in await _chunk_rows(pg, org.org_id, "lunch")]
+    old_rows = await _chunk_rows(pg, org.org_id, "lunch")
+    old_ids = [r["chunk_id"] for r in old_rows]
+    assert await _posting_count(pg, org.org_id, [r["chunk_no"] for r in old_rows]) > 0
 
     replaced = retrieval.client.ingest(
         org.ingester(), [document("lunch", "Dinner is served on the terrace.", groups=["staff"])]
@@ -294,7 +296,8 @@ async def test_a_changed_document_replaces_its_chunks_in_both_stores(
     assert outcomes(replaced) == ["DOCUMENT_OUTCOME_REPLACED"]
     new_rows = await _chunk_rows(pg, org.org_id, "lunch")
     assert new_rows and not {r["chunk_id"] for r in new_rows} & set(old_ids)
-    assert await _posting_count(pg, org.org_id, old_ids) == 0
+    assert await _posting_count(pg, org.org_id, [r["chunk_no"] for r in old_rows]) == 0
+    assert await _posting_count(pg, org.org_id, [r["chunk_no"] for r in new_rows]) > 0
     assert retrieval.client.search(reader, "atrium", ["handbook"]).results[0].text == (
         "Dinner is served on the terrace."
     )
@@ -344,14 +347,16 @@ async def test_delete_removes_a_document_from_postgres_and_qdrant(
     client.ingest(
         org.ingester(), [document("keep", "Version two of the kept document.", groups=["staff"])]
     )
-    drop_ids = [r["chunk_id"] for r in await _chunk_rows(pg, org.org_id, "drop")]
+    drop_rows = await _chunk_rows(pg, org.org_id, "drop")
+    drop_ids = [r["chunk_id"] for r in drop_rows]
+    assert await _posting_count(pg, org.org_id, [r["chunk_no"] for r in drop_rows]) > 0
     keep_ids = [r["chunk_id"] for r in await _chunk_rows(pg, org.org_id, "keep")]
 
     removed = client.delete(org.ingester(), "drop")
 
     assert removed.chunks_removed == len(drop_ids) > 2
     assert await _chunk_rows(pg, org.org_id, "drop") == []
-    assert await _posting_count(pg, org.org_id, drop_ids) == 0
+    assert await _posting_count(pg, org.org_id, [r["chunk_no"] for r in drop_rows]) == 0
     assert (
         await pg.fetchval("SELECT count(*) FROM retrieval.documents WHERE org_id = $1", org.org_id)
         == 1
