@@ -182,7 +182,7 @@ def _summarise(kind: str, detail: dict[str, Any], error: str) -> str:
 def _grpcurl_help(corpus: dict[str, Any], issuer: TokenIssuer) -> None:
     tokens = STATE / "tokens"
     tokens.mkdir(parents=True, exist_ok=True)
-    for caller in corpus["callers"]:
+    for caller in [*corpus["callers"], corpus["ingester"]]:
         path = tokens / f"{caller['user']}.jwt"
         path.write_text(
             issuer.caller_token(
@@ -200,6 +200,9 @@ def _grpcurl_help(corpus: dict[str, Any], issuer: TokenIssuer) -> None:
             f'    -d \'{{"agent": "handbook", "input": "How many days of leave do I get?"}}\' \\\n'
             f"    127.0.0.1:{PORTS['orchestrator']} cairn.orchestrator.v1.OrchestratorService/StartRun\n"
             f"  grpcurl -plaintext 127.0.0.1:{PORTS['retrieval']} grpc.health.v1.Health/Check\n\n"
+            "Ingest your own files (the docs-bot token may ingest):\n"
+            "  .venv/bin/python -m cairn_retrieval.ingest_cli --token-file state/tokens/docs-bot.jwt \\\n"
+            "    --source handbook --role employee PATH...\n\n"
             "Logs: state/logs/. The stack stays up until Ctrl-C.",
             title="call it yourself",
             expand=False,
