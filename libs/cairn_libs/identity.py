@@ -32,6 +32,7 @@ DEFAULT_AUDIENCE = "cairn"
 SERVICE_ROLE = "cairn:service"
 CALLER_METADATA_KEY = "authorization"
 ACTOR_METADATA_KEY = "x-cairn-actor"
+VERIFIED_TOKENS_KEPT = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,10 @@ class TokenVerifier:
     audience: str = DEFAULT_AUDIENCE
     jwks_client: jwt.PyJWKClient | None = None
     leeway_seconds: float = 5.0
+    # Claims of tokens already verified, by the exact token text. A caller sends the
+    # same token with every call of a run, and a signature check costs more than
+    # the rest of a gateway call's own work; a hit still checks expiry.
+    _verified: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_env(cls) -> TokenVerifier:
@@ -99,6 +104,18 @@ class TokenVerifier:
         return cls(key=Path(key_file).read_bytes(), issuer=issuer, audience=audience)
 
     def _decode(self, token: str) -> dict[str, Any]:
+        claims = self._verified.get(token)
+        if claims is not None:
+            if time.time() <= claims["exp"] + self.leeway_seconds:
+                return claims
+            self._verified.pop(token, None)
+        claims = self._verify(token)
+        if len(self._verified) >= VERIFIED_TOKENS_KEPT:
+            self._verified.pop(next(iter(self._verified)), None)  # the oldest
+        self._verified[token] = claims
+        return claims
+
+    def _verify(self, token: str) -> dict[str, Any]:
         try:
             key = self.key
             if self.jwks_client is not None:

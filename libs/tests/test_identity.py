@@ -58,3 +58,41 @@ def test_an_actor_token_carries_its_run(issuer: TokenIssuer, verifier: TokenVeri
         issuer.actor_token(service="orchestrator", run_id="run-1", agent="handbook")
     )
     assert (actor.service, actor.run_id, actor.agent) == ("orchestrator", "run-1", "handbook")
+
+
+def test_a_verified_token_is_checked_again_once_past_its_expiry(
+    issuer: TokenIssuer, dev_keys: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    verifier = TokenVerifier(key=dev_keys[1].read_bytes(), leeway_seconds=0)
+    token = issuer.caller_token(org_id="acme", user_id="ana", ttl_seconds=60)
+    checked: list[str] = []
+    verify = TokenVerifier._verify
+
+    def counting(self: TokenVerifier, raw: str) -> dict[str, object]:
+        checked.append(raw)
+        return verify(self, raw)
+
+    monkeypatch.setattr(TokenVerifier, "_verify", counting)
+    verifier.verify_caller(token)
+    verifier.verify_caller(token)
+    assert len(checked) == 1  # the second call was answered from what was verified
+    expired_at = time.time() + 61
+    monkeypatch.setattr(time, "time", lambda: expired_at)
+
+    verifier.verify_caller(token)  # PyJWT's own clock still says valid
+
+    assert len(checked) == 2
+
+
+def test_a_tampered_copy_of_a_verified_token_is_refused(
+    issuer: TokenIssuer, verifier: TokenVerifier
+) -> None:
+    token = issuer.caller_token(org_id="acme", user_id="ana")
+    verifier.verify_caller(token)
+    header, payload, signature = token.split(".")
+    forged = ".".join(
+        [header, payload, signature[:-4] + ("AAAA" if signature[-4:] != "AAAA" else "BBBB")]
+    )
+
+    with pytest.raises(Unauthenticated, match="token invalid"):
+        verifier.verify_caller(forged)

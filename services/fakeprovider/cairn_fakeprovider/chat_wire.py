@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from .errors import RequestRejected
-from .reply import Reply
+from .reply import CHARS_PER_TOKEN, Reply
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
@@ -388,7 +388,7 @@ def _parse_stream_options(raw: object, *, stream: bool) -> bool:
 
 def token_estimate(text_length: int) -> int:
     """Four characters to a token, never zero: close enough for budgets and ceilings."""
-    return max(1, math.ceil(text_length / 4))
+    return max(1, math.ceil(text_length / CHARS_PER_TOKEN))
 
 
 def prompt_tokens(request: ChatRequest) -> int:

@@ -44,6 +44,8 @@ class StatusStep:
     retry_after_ms: int | None = None
     code: str | None = None
     message: str | None = None
+    # Refuse only after this long, like a vendor that queues a request before refusing it.
+    after_seconds: float = 0.0
     action: Literal["status"] = "status"
 
 
@@ -95,13 +97,7 @@ def parse_step(raw: object, *, where: str = "step") -> Step:
     if action == "status":
         return _status_step(raw, where=where)
     if action == "hang":
-        seconds = raw.get("seconds")
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
-            raise ScriptRejected(
-                f"'{where}.seconds' must be a number of seconds >= 0, got {seconds!r:.80}.",
-                param=where,
-            )
-        return HangStep(seconds=float(seconds))
+        return HangStep(seconds=_seconds(raw, "seconds", where=where, default=None))
     if action == "cut_stream":
         return CutStreamStep(after_chunks=_non_negative_int(raw, "after_chunks", where=where) or 0)
     if action == "malformed":
@@ -160,7 +156,18 @@ def _status_step(raw: dict[str, object], *, where: str) -> StatusStep:
         retry_after_ms=_non_negative_int(raw, "retry_after_ms", where=where),
         code=code,
         message=message,
+        after_seconds=_seconds(raw, "after_seconds", where=where, default=0.0),
     )
+
+
+def _seconds(raw: dict[str, object], key: str, *, where: str, default: float | None) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ScriptRejected(
+            f"'{where}.{key}' must be a number of seconds >= 0, got {value!r:.80}.",
+            param=where,
+        )
+    return float(value)
 
 
 def _non_negative_int(raw: dict[str, object], key: str, *, where: str) -> int | None:

@@ -354,6 +354,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     await _latency(state.settings)
 
     if isinstance(step, StatusStep):
+        if step.after_seconds:
+            await asyncio.sleep(step.after_seconds)
         return _scripted_status(step)
     if isinstance(step, MalformedStep):
         return await _malformed(request, chat)
@@ -361,7 +363,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         # The client is meant to time out first; when it disconnects the handler is
         # cancelled (handler_cancellation in __main__), so nothing keeps sleeping.
         await asyncio.sleep(step.seconds)
-    reply = step.reply() if isinstance(step, AnswerStep | ToolCallStep) else plan_reply(chat)
+    planned = step.reply() if isinstance(step, AnswerStep | ToolCallStep) else plan_reply(chat)
+    reply = planned.limited_to(chat.max_tokens)
     ids = _fresh_ids(reply)
     if isinstance(step, CutStreamStep):
         return await _cut(request, chat, reply, ids, after_chunks=step.after_chunks)

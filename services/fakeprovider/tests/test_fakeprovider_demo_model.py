@@ -17,7 +17,7 @@ from cairn_fakeprovider.demo_model import (
     plan_reply,
     read_fenced_message,
 )
-from cairn_fakeprovider.reply import OFFLINE_PREFIX, Reply
+from cairn_fakeprovider.reply import OFFLINE_PREFIX, PlannedToolCall, Reply
 
 SEARCH_TOOL = {"type": "function", "function": {"name": "search_knowledge", "parameters": {}}}
 NOTHING_FOUND = '[offline demo model] I found nothing I may read about "{}".'
@@ -252,3 +252,42 @@ def test_usage_is_never_zero() -> None:
     usage = usage_for(parsed, Reply(content=""))
 
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (1, 1)
+
+
+# --- max_tokens ------------------------------------------------------------------
+
+
+@given(
+    content=st.text(max_size=400),
+    max_tokens=st.integers(min_value=1, max_value=120),
+)
+def test_a_reply_cut_at_max_tokens_never_reports_more_completion_tokens(
+    content: str, max_tokens: int
+) -> None:
+    request = parse_chat_request(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens}
+    )
+
+    limited = Reply(content=content).limited_to(max_tokens)
+
+    assert usage_for(request, limited)["completion_tokens"] <= max_tokens
+    assert content.startswith(limited.content or "")
+    if len(content) > 4 * max_tokens:
+        assert limited.finish_reason == "length"
+        assert len(limited.content or "") == 4 * max_tokens
+    else:
+        assert limited == Reply(content=content)
+
+
+def test_tool_call_arguments_are_cut_in_order_and_unreached_calls_are_not_sent() -> None:
+    reply = Reply(
+        content=None,
+        tool_calls=(PlannedToolCall("a", '{"q":"0123456789"}'), PlannedToolCall("b", "{}")),
+    )
+
+    cut = reply.limited_to(3)  # 12 characters
+
+    assert cut.tool_calls == (PlannedToolCall("a", '{"q":"012345'),)
+    assert cut.finish_reason == "length"
+    assert reply.limited_to(6) == reply
+    assert reply.limited_to(None) == reply

@@ -31,6 +31,18 @@ def test_scripted_429_carries_retry_after(client: httpx.Client) -> None:
     assert error["message"]
 
 
+def test_a_status_can_be_delayed_like_a_vendor_that_queues_before_refusing(
+    client: httpx.Client,
+) -> None:
+    script(client, {"action": "status", "status": 503, "after_seconds": 0.3})
+
+    started = time.monotonic()
+    response = client.post(CHAT, json=QUESTION)
+
+    assert response.status_code == 503
+    assert time.monotonic() - started >= 0.3
+
+
 def test_status_without_retry_after_sends_no_retry_header(client: httpx.Client) -> None:
     script(client, {"action": "status", "status": 429, "code": "insufficient_quota"})
 

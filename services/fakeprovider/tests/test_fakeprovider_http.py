@@ -333,3 +333,41 @@ def test_reset_empties_the_script_queue_and_the_request_log(client: httpx.Client
 
     assert client.get("/_control/requests").json() == {"requests": []}
     assert client.get("/_control/script").json() == {"queued": 0, "actions": []}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+def test_an_answer_longer_than_max_tokens_stops_there_with_finish_reason_length(
+    client: httpx.Client, stream: bool
+) -> None:
+    question = "Tell me everything about " + "the leave policy " * 40
+    extra: dict[str, Any] = {"max_tokens": 10}
+    if stream:
+        extra |= {"stream": True, "stream_options": {"include_usage": True}}
+    full = client.post(CHAT, json=chat_body(question)).json()["choices"][0]["message"]["content"]
+
+    if stream:
+        with client.stream("POST", CHAT, json=chat_body(question, **extra)) as response:
+            chunks = [json.loads(p) for p in sse_payloads(response)[:-1]]
+        content = "".join(
+            c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]
+        )
+        finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1]
+        usage = chunks[-1]["usage"]
+    else:
+        body = client.post(CHAT, json=chat_body(question, **extra)).json()
+        content = body["choices"][0]["message"]["content"]
+        finish, usage = body["choices"][0]["finish_reason"], body["usage"]
+
+    assert len(full) > 40
+    assert content == full[:40]
+    assert finish == "length"
+    assert usage["completion_tokens"] == 10
+
+
+def test_a_scripted_answer_that_fits_max_tokens_is_sent_whole(client: httpx.Client) -> None:
+    client.post("/_control/script", json={"steps": [{"action": "answer", "content": "Paris."}]})
+
+    body = client.post(CHAT, json=chat_body("Capital of France?", max_tokens=2)).json()
+
+    assert body["choices"][0]["message"]["content"] == "Paris."
+    assert body["choices"][0]["finish_reason"] == "stop"

@@ -33,6 +33,35 @@ DEFAULT_TIMEOUT_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often, and how patiently, one call retries one provider before failing over.
+
+    Defaults follow the OpenAI SDK's: two retries, backoff from half a second. A
+    Retry-After longer than `max_wait_seconds` is not waited for: the call fails over,
+    or returns RESOURCE_EXHAUSTED with the provider's retry time when it cannot.
+    """
+
+    max_retries: int = 2
+    backoff_seconds: float = 0.5
+    max_wait_seconds: float = 8.0
+
+
+@dataclass(frozen=True, slots=True)
+class CooldownPolicy:
+    """When a provider that keeps failing is left alone, and for how long.
+
+    After `after_failures` retryable failures in a row it is skipped for
+    `base_seconds`; each further cooldown before a success doubles that, up to
+    `max_seconds`. A Retry-After also cools the provider for that long (capped the
+    same way). `max_seconds: 0` turns cooldowns off.
+    """
+
+    after_failures: int = 3
+    base_seconds: float = 5.0
+    max_seconds: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
 class Preset:
     base_url: str
     api_key_env: str
@@ -67,6 +96,8 @@ class ProviderConfig:
     requests_per_minute: int | None = None
     preset: str = ""
     headers: Mapping[str, str] = field(default_factory=dict)
+    retry: RetryPolicy = RetryPolicy()
+    cooldown: CooldownPolicy = CooldownPolicy()
 
     def model_for(self, tier: Tier) -> str | None:
         return self.models.get(tier)
@@ -122,6 +153,12 @@ _PROVIDER_KEYS = (
     "tokens_per_minute",
     "requests_per_minute",
     "headers",
+    "max_retries",
+    "retry_backoff_seconds",
+    "retry_max_wait_seconds",
+    "cooldown_after_failures",
+    "cooldown_seconds",
+    "cooldown_max_seconds",
 )
 
 
@@ -220,6 +257,33 @@ def _parse_provider(raw: object, *, where: str) -> ProviderConfig:
             f"{where}.headers must not carry 'Authorization'; name the key's variable "
             "in api_key_env so the key stays out of the file"
         )
+    defaults_retry, defaults_cooldown = RetryPolicy(), CooldownPolicy()
+    retry = RetryPolicy(
+        max_retries=_whole(raw, "max_retries", defaults_retry.max_retries, where=where),
+        backoff_seconds=_seconds(
+            raw, "retry_backoff_seconds", defaults_retry.backoff_seconds, where=where, zero=False
+        ),
+        max_wait_seconds=_seconds(
+            raw, "retry_max_wait_seconds", defaults_retry.max_wait_seconds, where=where
+        ),
+    )
+    after_failures = _whole(
+        raw, "cooldown_after_failures", defaults_cooldown.after_failures, where=where
+    )
+    if after_failures == 0:
+        raise ConfigInvalid(
+            f"{where}.cooldown_after_failures must be at least 1; to turn cooldowns off "
+            "set cooldown_max_seconds: 0"
+        )
+    cooldown = CooldownPolicy(
+        after_failures=after_failures,
+        base_seconds=_seconds(
+            raw, "cooldown_seconds", defaults_cooldown.base_seconds, where=where, zero=False
+        ),
+        max_seconds=_seconds(
+            raw, "cooldown_max_seconds", defaults_cooldown.max_seconds, where=where
+        ),
+    )
     return ProviderConfig(
         name=name.strip(),
         base_url=base_url.rstrip("/"),
@@ -234,6 +298,8 @@ def _parse_provider(raw: object, *, where: str) -> ProviderConfig:
         requests_per_minute=_positive_int(raw, "requests_per_minute", where=where),
         preset=preset_name,
         headers=dict(headers),
+        retry=retry,
+        cooldown=cooldown,
     )
 
 
@@ -266,6 +332,30 @@ def _positive_int(raw: Mapping[str, object], key: str, *, where: str) -> int | N
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigInvalid(f"{where}.{key} must be a whole number > 0, got {_shown(value)}")
     return value
+
+
+def _whole(raw: Mapping[str, object], key: str, default: int, *, where: str) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigInvalid(f"{where}.{key} must be a whole number >= 0, got {_shown(value)}")
+    return value
+
+
+def _seconds(
+    raw: Mapping[str, object], key: str, default: float, *, where: str, zero: bool = True
+) -> float:
+    value = raw.get(key, default)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or value < 0
+        or (value == 0 and not zero)
+    ):
+        bound = ">= 0" if zero else "> 0"
+        raise ConfigInvalid(
+            f"{where}.{key} must be a number of seconds {bound}, got {_shown(value)}"
+        )
+    return float(value)
 
 
 def _shown(value: object) -> str:

@@ -1,10 +1,11 @@
 """What a model call is, and the decisions about it that need no network.
 
 Which providers to try for a request (`plan_routes`), whether a run budget can hold
-it (`check_run_budget`), what to do after an attempt fails (`next_step`), and which
-error a caller gets (`error_for_attempt`, `all_failed_error`) are pure functions
-here, so the failover rules can be tested as a table; the loop in `router.py` only
-does the I/O they decide on.
+it (`check_run_budget`), whether another provider may take over after an attempt
+fails (`next_step`), and which error a caller gets (`error_for_attempt`,
+`all_failed_error`) are pure functions here, so the failover rules can be tested as
+a table; retries and cooldowns build on them in `resilience.py`, and the loop in
+`router.py` only does the I/O they decide on.
 """
 
 from __future__ import annotations
@@ -59,6 +60,13 @@ class Outcome(StrEnum):
     STREAM_CUT = "STREAM_CUT"
     SKIPPED_COOLDOWN = "SKIPPED_COOLDOWN"
     REFUSED_CEILING = "REFUSED_CEILING"
+
+
+class CooldownCause(StrEnum):
+    # The provider asked to be left alone (Retry-After on a 429 or 503).
+    RATE_LIMIT = "RATE_LIMIT"
+    # It failed several times in a row.
+    FAILURES = "FAILURES"
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +154,8 @@ class Attempt:
     # Why it ended so; never a key or prompt text.
     detail: str = ""
     retry_after_seconds: float | None = None
+    # For SKIPPED_COOLDOWN: why the provider is cooling down.
+    cooldown_cause: CooldownCause | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +281,9 @@ class NextStep(StrEnum):
     ANSWER = "ANSWER"
     FAIL_OVER = "FAIL_OVER"
     RETURN_ERROR = "RETURN_ERROR"
+    # Same provider again after a wait; decided by resilience.after_attempt, which
+    # builds on next_step (next_step itself never returns it).
+    RETRY = "RETRY"
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +362,17 @@ def _error_for_attempt(attempt: Attempt, *, content_sent: bool) -> GatewayError:
             f"{where} cannot take this call at all ({attempt.detail}); lower max_tokens "
             "or shorten the conversation"
         )
+    if attempt.outcome is Outcome.SKIPPED_COOLDOWN:
+        # A cooldown begun by the provider's own Retry-After is a rate limit still running.
+        error_type = (
+            ProviderRateLimited
+            if attempt.cooldown_cause is CooldownCause.RATE_LIMIT
+            else ProviderUnavailable
+        )
+        return error_type(
+            f"{where} was not tried: {attempt.detail}",
+            retry_after_seconds=attempt.retry_after_seconds,
+        )
     if attempt.outcome in (Outcome.RATE_LIMITED, Outcome.REFUSED_CEILING):
         retry_after = attempt.retry_after_seconds or DEFAULT_RETRY_AFTER_SECONDS
         return ProviderRateLimited(
@@ -372,11 +396,24 @@ def all_failed_error(attempts: Sequence[Attempt]) -> GatewayError:
     listed = "; ".join(describe_attempt(a) for a in attempts)
     message = f"all {len(attempts)} provider attempt(s) failed: {listed}"
     if attempts and all(
-        a.outcome in (Outcome.RATE_LIMITED, Outcome.REFUSED_CEILING) for a in attempts
+        a.outcome is Outcome.REFUSED_CEILING and a.retry_after_seconds is None for a in attempts
     ):
-        retry_after = min(a.retry_after_seconds or DEFAULT_RETRY_AFTER_SECONDS for a in attempts)
-        return ProviderRateLimited(message, retry_after_seconds=retry_after)
-    return ProviderUnavailable(message)
+        return CallExceedsCeiling(f"{message}; lower max_tokens or shorten the conversation")
+    if attempts and all(_is_rate_limit(a) for a in attempts):
+        soonest = min(a.retry_after_seconds or DEFAULT_RETRY_AFTER_SECONDS for a in attempts)
+        return ProviderRateLimited(message, retry_after_seconds=soonest)
+    waits = [a.retry_after_seconds for a in attempts if a.retry_after_seconds is not None]
+    # Only when every provider said when it would be back is there a time to retry at.
+    back_at = min(waits) if attempts and len(waits) == len(attempts) else None
+    return ProviderUnavailable(message, retry_after_seconds=back_at)
+
+
+def _is_rate_limit(attempt: Attempt) -> bool:
+    if attempt.outcome is Outcome.SKIPPED_COOLDOWN:
+        return attempt.cooldown_cause is CooldownCause.RATE_LIMIT
+    if attempt.outcome is Outcome.REFUSED_CEILING:
+        return attempt.retry_after_seconds is not None
+    return attempt.outcome is Outcome.RATE_LIMITED
 
 
 def describe_attempt(attempt: Attempt) -> str:
@@ -391,7 +428,13 @@ def describe_attempt(attempt: Attempt) -> str:
 @dataclass(frozen=True, slots=True)
 class Redactor:
     """Removes secrets and echoed prompt text from provider-supplied text before it
-    becomes an attempt detail or an error message."""
+    becomes an attempt detail or an error message.
+
+    Vendors quote requests back in their errors, whole or in part ("Invalid value:
+    'Draft the letter for...'"), so any run of `ECHO_MIN_CHARS` or more characters
+    that also occurs in the conversation is cut out, wherever it starts. Shorter runs
+    are left: they would blank out the ordinary words of an error.
+    """
 
     secrets: tuple[str, ...] = ()
     prompt_texts: tuple[str, ...] = field(default=())
@@ -401,10 +444,11 @@ class Redactor:
         for secret in self.secrets:
             if secret:
                 text = text.replace(secret, "[redacted]")
-        for prompt in self.prompt_texts:
-            # Short texts ("hi") would blank out ordinary words of the error.
-            if len(prompt) >= 12:
-                text = text.replace(prompt, "[prompt]").replace(prompt[:32], "[prompt]")
+        # Cut before searching, so a huge body costs no more than a short one; the
+        # margin keeps an echo that straddles the final cut recognisable.
+        text = text[: self.max_chars * 2]
+        if self.prompt_texts:
+            text = _without_echoes(text, "\x00".join(self.prompt_texts))
         return text if len(text) <= self.max_chars else text[: self.max_chars - 3] + "..."
 
     def with_prompt(self, messages: Sequence[ChatMessage]) -> Redactor:
@@ -414,13 +458,37 @@ class Redactor:
         return Redactor(self.secrets, texts, self.max_chars)
 
 
+ECHO_MIN_CHARS = 12
+
+
+def _without_echoes(text: str, conversation: str) -> str:
+    covered = [False] * len(text)
+    for start in range(len(text) - ECHO_MIN_CHARS + 1):
+        if text[start : start + ECHO_MIN_CHARS] in conversation:
+            covered[start : start + ECHO_MIN_CHARS] = [True] * ECHO_MIN_CHARS
+    if not any(covered):
+        return text
+    kept: list[str] = []
+    for index, char in enumerate(text):
+        if not covered[index]:
+            kept.append(char)
+        elif index == 0 or not covered[index - 1]:
+            kept.append("[prompt]")
+    return "".join(kept)
+
+
 # --- ceilings --------------------------------------------------------------------
 
-# Usage is counted in 10-second buckets. A check sums the current bucket and the six
-# before it, i.e. at least the last 60 seconds and at most 70: never less than the
-# vendor's own sliding minute, so a ceiling set to the vendor's limit is safe.
+# Usage is counted in 10-second buckets. A check counts every bucket that overlaps
+# the last 60 seconds plus a send allowance, i.e. at least the last 65 seconds and
+# at most 75: a grant is counted at the gateway a moment before the vendor counts the
+# request it allowed, and a window shorter than the vendor's sliding minute by that
+# moment would let two bursts straddle a bucket boundary and pass a ceiling set to
+# the vendor's own limit. The allowance is far more than the database round trip and
+# connection set-up between the two; see the property test of the ceiling.
 CEILING_BUCKET_SECONDS = 10
-CEILING_BUCKETS_COUNTED = 7
+CEILING_WINDOW_SECONDS = 60
+CEILING_SEND_ALLOWANCE_SECONDS = 5
 
 
 def ceiling_bucket(epoch_seconds: float) -> int:
@@ -430,7 +498,16 @@ def ceiling_bucket(epoch_seconds: float) -> int:
 
 def ceiling_window_floor(epoch_seconds: float) -> int:
     """The oldest bucket start a check at this moment counts."""
-    return ceiling_bucket(epoch_seconds) - (CEILING_BUCKETS_COUNTED - 1) * CEILING_BUCKET_SECONDS
+    return ceiling_bucket(epoch_seconds - CEILING_WINDOW_SECONDS - CEILING_SEND_ALLOWANCE_SECONDS)
+
+
+def ceiling_room_returns_in(epoch_seconds: float) -> float:
+    """Seconds until the oldest counted bucket leaves the window (a retry hint)."""
+    floor = ceiling_window_floor(epoch_seconds)
+    leaves_at = (
+        floor + CEILING_BUCKET_SECONDS + CEILING_WINDOW_SECONDS + CEILING_SEND_ALLOWANCE_SECONDS
+    )
+    return leaves_at - epoch_seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -449,8 +526,7 @@ def check_ceiling(
     epoch_seconds: float,
 ) -> CeilingCheck:
     """May one more call of `tokens` go to this provider, given what the last minute used?"""
-    # The oldest counted bucket leaves the window at the next bucket boundary.
-    wait = ceiling_bucket(epoch_seconds) + CEILING_BUCKET_SECONDS - epoch_seconds
+    wait = ceiling_room_returns_in(epoch_seconds)
     tpm, rpm = provider.tokens_per_minute, provider.requests_per_minute
     if tpm is not None and tokens > tpm:
         return CeilingCheck(

@@ -8,6 +8,7 @@ test can check exactly what would be recorded.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
@@ -30,27 +31,37 @@ def request_attributes(
     *,
     reasoning_effort: str | None,
     trace_content: bool,
+    retry_number: int = 0,
 ) -> dict[str, AttributeValue]:
-    url = urlsplit(provider.base_url)
+    host, port = _server(provider.base_url)
     attributes: dict[str, AttributeValue] = {
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": provider.name,
         "gen_ai.request.model": route.model,
         "gen_ai.request.max_tokens": request.output_tokens,
-        "server.address": url.hostname or "",
+        "server.address": host,
         "cairn.gateway.tier": route.tier,
     }
-    if url.port is not None:
-        attributes["server.port"] = url.port
+    if port is not None:
+        attributes["server.port"] = port
     if request.temperature is not None:
         attributes["gen_ai.request.temperature"] = request.temperature
     if reasoning_effort is not None:
         attributes["cairn.gateway.reasoning_effort"] = reasoning_effort
     if request.run_id:
         attributes["cairn.run_id"] = request.run_id
+    if retry_number:
+        attributes["cairn.gateway.retry"] = retry_number
     if trace_content:
         attributes["gen_ai.input.messages"] = _messages_json(request.messages)
     return attributes
+
+
+@functools.cache
+def _server(base_url: str) -> tuple[str, int | None]:
+    # Parsed once per provider, not once per call.
+    url = urlsplit(base_url)
+    return url.hostname or "", url.port
 
 
 def result_attributes(

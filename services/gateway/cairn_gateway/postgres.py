@@ -2,8 +2,8 @@
 
 Each check-and-take runs in one short transaction under an advisory lock on the
 run or the provider, so two gateways cannot both read "room for one more" and
-both send. Time is PostgreSQL's `now()`, not the replica's clock, so replicas
-with skewed clocks still count into the same buckets. The decisions themselves
+both send. Time is PostgreSQL's clock, not the replica's, so replicas with skewed
+clocks still count into the same buckets. The decisions themselves
 (`check_run_budget`, `check_ceiling`) are the pure functions in domain.py.
 """
 
@@ -103,7 +103,9 @@ class PostgresLedger:
                     "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
                     f"gateway-ceiling:{provider.name}",
                 )
-                now: datetime = await conn.fetchval("SELECT now()")
+                # clock_timestamp(), not now(): now() is when the transaction began,
+                # before the wait for the lock, and would date the grant too early.
+                now: datetime = await conn.fetchval("SELECT clock_timestamp()")
                 epoch = now.timestamp()
                 row = await conn.fetchrow(
                     "SELECT COALESCE(SUM(tokens), 0) AS tokens, COALESCE(SUM(requests), 0) AS requests "

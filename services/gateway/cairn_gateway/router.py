@@ -1,14 +1,22 @@
-"""The failover loop: try providers in order, report every attempt, do no harm.
+"""The failover loop: try providers in order, retry where it helps, report every
+attempt, do no harm.
 
-For each call: plan the routes, reserve the run's budget, then per provider take
-from its ceiling, send, and let `domain.next_step` say whether to answer, fail
-over or return the error. Each attempt is one `chat {model}` span. Unary and
-streamed calls share this loop; a stream forwards content as it arrives and, once
-any has been sent, can only finish or fail, never start over elsewhere.
+For each call: plan the routes, reserve the run's budget, then per provider skip it
+if it is cooling down, take from its ceiling, send, and let
+`resilience.after_attempt` say whether to answer, retry the same provider after a
+wait, fail over or return the error. Each attempt sent is one `chat {model}` span
+and one entry in the response's attempts; so is each skip. Unary and streamed calls
+share this loop; a stream forwards content as it arrives and, once any has been
+sent, can only finish or fail, never start over.
+
+The caller's gRPC deadline bounds the whole call: no retry is begun whose wait
+would outlast it, and no attempt is given longer than what is left of it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
@@ -26,6 +34,7 @@ from cairn_gateway.domain import (
     ChatResult,
     Completion,
     ContentDelta,
+    CooldownCause,
     NextStep,
     Outcome,
     RequestShape,
@@ -33,7 +42,6 @@ from cairn_gateway.domain import (
     all_failed_error,
     error_for_attempt,
     estimate_prompt_tokens,
-    next_step,
     plan_routes,
     tokens_needed,
 )
@@ -41,6 +49,7 @@ from cairn_gateway.errors import NoProviderConfigured
 from cairn_gateway.instrumentation import request_attributes, result_attributes, span_name
 from cairn_gateway.ledger import CeilingGrant, Ledger
 from cairn_gateway.provider import AttemptFailed, ChatProvider
+from cairn_gateway.resilience import CooldownBoard, after_attempt
 from cairn_gateway.wire import MalformedResponse, StreamAssembler, chat_body
 
 log = structlog.get_logger(__name__)
@@ -48,6 +57,9 @@ tracer = trace.get_tracer(__name__)
 
 # Failures after which the vendor may have spent tokens we cannot count.
 _USAGE_UNKNOWN = frozenset({Outcome.TIMEOUT, Outcome.STREAM_CUT, Outcome.MALFORMED_RESPONSE})
+# An attempt is never given less than this, so a nearly spent deadline still gets
+# a real try (and a TIMEOUT attempt to report) rather than a zero timeout.
+_MIN_ATTEMPT_SECONDS = 0.05
 
 
 @dataclass
@@ -64,69 +76,133 @@ class Router:
         ledger: Ledger,
         trace_content: bool = False,
         disabled: Mapping[str, str] | None = None,
+        cooldowns: CooldownBoard | None = None,
+        jitter: random.Random | None = None,
     ) -> None:
         self._providers = {p.config.name: p for p in providers}
+        self._configs = tuple(p.config for p in providers)
         self._ledger = ledger
         self._trace_content = trace_content
         # Providers left out at start-up, with why (e.g. their key variable is unset).
         self._disabled = dict(disabled or {})
+        self._cooldowns = cooldowns or CooldownBoard()
+        self._jitter = jitter or random.Random()
 
     @property
     def configs(self) -> tuple[ProviderConfig, ...]:
-        return tuple(p.config for p in self._providers.values())
+        return self._configs
 
-    async def chat(self, request: ChatRequest, *, org_id: str) -> ChatResult:
-        async with aclosing(self._run(request, org_id=org_id, stream=False)) as events:
+    async def chat(
+        self, request: ChatRequest, *, org_id: str, time_limit: float | None = None
+    ) -> ChatResult:
+        async with aclosing(
+            self._run(request, org_id=org_id, stream=False, time_limit=time_limit)
+        ) as events:
             async for event in events:
                 if isinstance(event, ChatResult):
                     return event
         raise AssertionError("the failover loop ended without a result or an error")
 
     def chat_stream(
-        self, request: ChatRequest, *, org_id: str
+        self, request: ChatRequest, *, org_id: str, time_limit: float | None = None
     ) -> AsyncIterator[ContentDelta | ChatResult]:
-        return self._run(request, org_id=org_id, stream=True)
+        return self._run(request, org_id=org_id, stream=True, time_limit=time_limit)
 
     async def _run(
-        self, request: ChatRequest, *, org_id: str, stream: bool
+        self, request: ChatRequest, *, org_id: str, stream: bool, time_limit: float | None
     ) -> AsyncGenerator[ContentDelta | ChatResult, None]:
         if not self._providers:
             reasons = "; ".join(f"{name}: {why}" for name, why in self._disabled.items())
             raise NoProviderConfigured(
                 f"no model provider is usable ({reasons or 'none configured'})"
             )
-        routes = plan_routes(self.configs, request)
+        deadline = None if time_limit is None else time.monotonic() + time_limit
+        routes = plan_routes(self._configs, request)
         reservation = await self._ledger.reserve_run(org_id=org_id, request=request)
         try:
             attempts: list[Attempt] = []
             content_sent = False
-            for route in routes:
-                record = _AttemptRecord()
-                async with aclosing(
-                    self._attempt(self._providers[route.provider], route, request, stream, record)
-                ) as deltas:
-                    async for delta in deltas:
-                        content_sent = True
-                        yield delta
-                attempt = record.attempt
-                assert attempt is not None
-                attempts.append(attempt)
-                shape = RequestShape(
-                    has_tool_history=request.has_tool_history, content_sent=content_sent
-                )
-                step = next_step(attempt.outcome, shape)
-                if step is NextStep.ANSWER:
-                    assert record.completion is not None
-                    yield ChatResult(record.completion, route.provider, tuple(attempts))
-                    return
-                if step is NextStep.RETURN_ERROR:
-                    raise error_for_attempt(
-                        attempt, content_sent=content_sent, earlier=attempts[:-1]
+            for index, route in enumerate(routes):
+                provider = self._providers[route.provider]
+                retries = 0
+                while True:
+                    skipped = self._skip_if_cooling(provider.config, route, request)
+                    record = _AttemptRecord(attempt=skipped)
+                    if skipped is None:
+                        async with aclosing(
+                            self._attempt(
+                                provider,
+                                route,
+                                request,
+                                stream,
+                                record,
+                                timeout_seconds=_attempt_timeout(provider.config, deadline),
+                                retry_number=retries,
+                            )
+                        ) as deltas:
+                            async for delta in deltas:
+                                content_sent = True
+                                yield delta
+                    attempt = record.attempt
+                    assert attempt is not None
+                    attempts.append(attempt)
+                    decision = after_attempt(
+                        attempt,
+                        RequestShape(
+                            has_tool_history=request.has_tool_history, content_sent=content_sent
+                        ),
+                        retries_done=retries,
+                        policy=provider.config.retry,
+                        time_left=None if deadline is None else deadline - time.monotonic(),
+                        failover_possible=attempt.outcome is not Outcome.OK
+                        and any(
+                            self._cooldowns.cooling(later.provider) is None
+                            for later in routes[index + 1 :]
+                        ),
+                        jitter=self._jitter.random(),
                     )
+                    if decision.step is NextStep.ANSWER:
+                        assert record.completion is not None
+                        yield ChatResult(record.completion, route.provider, tuple(attempts))
+                        return
+                    if decision.step is NextStep.RETURN_ERROR:
+                        raise error_for_attempt(
+                            attempt, content_sent=content_sent, earlier=attempts[:-1]
+                        )
+                    if decision.step is NextStep.FAIL_OVER:
+                        break
+                    retries += 1
+                    cooling = self._cooldowns.cooling(route.provider)
+                    # A provider this very failure put into a long cooldown is not
+                    # waited for: the next turn of the loop records the skip.
+                    if cooling is None or cooling.seconds_left <= decision.delay_seconds:
+                        await asyncio.sleep(decision.delay_seconds)
             raise all_failed_error(attempts)
         finally:
             if reservation is not None:
                 await self._ledger.release_run(reservation)
+
+    def _skip_if_cooling(
+        self, config: ProviderConfig, route: Route, request: ChatRequest
+    ) -> Attempt | None:
+        cooling = self._cooldowns.cooling(config.name)
+        if cooling is None:
+            return None
+        why = (
+            "it asked to wait (Retry-After)"
+            if cooling.cause is CooldownCause.RATE_LIMIT
+            else "it failed repeatedly"
+        )
+        attempt = Attempt(
+            provider=config.name,
+            model=route.model,
+            outcome=Outcome.SKIPPED_COOLDOWN,
+            detail=f"cooling down for {cooling.seconds_left:.1f}s more: {why}",
+            retry_after_seconds=cooling.seconds_left,
+            cooldown_cause=cooling.cause,
+        )
+        self._log_attempt(attempt, request)
+        return attempt
 
     async def _attempt(
         self,
@@ -135,6 +211,9 @@ class Router:
         request: ChatRequest,
         stream: bool,
         record: _AttemptRecord,
+        *,
+        timeout_seconds: float,
+        retry_number: int,
     ) -> AsyncGenerator[ContentDelta, None]:
         """One try against one provider; fills `record` with the attempt (and the
         completion on success) instead of raising for a provider failure."""
@@ -154,7 +233,12 @@ class Router:
             span_name(route),
             kind=SpanKind.CLIENT,
             attributes=request_attributes(
-                route, config, request, reasoning_effort=effort, trace_content=self._trace_content
+                route,
+                config,
+                request,
+                reasoning_effort=effort,
+                trace_content=self._trace_content,
+                retry_number=retry_number,
             ),
         )
         started = time.perf_counter()
@@ -170,7 +254,9 @@ class Router:
             if stream:
                 assembler = StreamAssembler(requested_model=route.model)
                 try:
-                    async with aclosing(provider.stream(body, redact=redact)) as chunks:
+                    async with aclosing(
+                        provider.stream(body, redact=redact, timeout_seconds=timeout_seconds)
+                    ) as chunks:
                         async for chunk in chunks:
                             try:
                                 text = assembler.feed(chunk)
@@ -197,7 +283,10 @@ class Router:
                     ) from exc
             else:
                 completion = await provider.complete(
-                    body, requested_model=route.model, redact=redact
+                    body,
+                    requested_model=route.model,
+                    redact=redact,
+                    timeout_seconds=timeout_seconds,
                 )
             record.completion = completion
             record.attempt = Attempt(
@@ -221,9 +310,23 @@ class Router:
                 retry_after_seconds=failure.retry_after_seconds,
             )
         finally:
+            if record.attempt is not None:
+                self._note_health(config, record.attempt)
             if grant is not None and grant.granted:
                 await self._ledger.settle_ceiling(grant, self._tokens_used(record, grant))
             self._finish_span(span, record, request)
+
+    def _note_health(self, config: ProviderConfig, attempt: Attempt) -> None:
+        cooling = self._cooldowns.record(
+            config, attempt.outcome, retry_after=attempt.retry_after_seconds
+        )
+        if cooling is not None:
+            log.warning(
+                "provider.cooldown",
+                provider=config.name,
+                seconds=round(cooling.seconds_left, 3),
+                cause=cooling.cause.value if cooling.cause else None,
+            )
 
     @staticmethod
     def _tokens_used(record: _AttemptRecord, grant: CeilingGrant) -> int:
@@ -246,6 +349,10 @@ class Router:
         if attempt.outcome is not Outcome.OK:
             span.set_status(Status(StatusCode.ERROR, attempt.outcome.value))
         span.end()
+        self._log_attempt(attempt, request)
+
+    @staticmethod
+    def _log_attempt(attempt: Attempt, request: ChatRequest) -> None:
         log.info(
             "chat.attempt",
             provider=attempt.provider,
@@ -257,3 +364,9 @@ class Router:
             # A vendor's words about a rejected request may quote it; keep them out.
             detail=None if attempt.outcome is Outcome.CLIENT_ERROR else attempt.detail or None,
         )
+
+
+def _attempt_timeout(config: ProviderConfig, deadline: float | None) -> float:
+    if deadline is None:
+        return config.timeout_seconds
+    return max(_MIN_ATTEMPT_SECONDS, min(config.timeout_seconds, deadline - time.monotonic()))

@@ -71,7 +71,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     ) -> gateway_pb2.ChatResponse:
         identity = current_identity()
         result = await self._router.chat(
-            chat_request_from_proto(request, identity), org_id=identity.principal.org_id
+            chat_request_from_proto(request, identity),
+            org_id=identity.principal.org_id,
+            time_limit=context.time_remaining(),
         )
         return chat_response_to_proto(result)
 
@@ -80,7 +82,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     ) -> AsyncIterator[gateway_pb2.ChatStreamResponse]:
         identity = current_identity()
         chat = chat_request_from_proto(request.chat, identity)
-        async for event in self._router.chat_stream(chat, org_id=identity.principal.org_id):
+        async for event in self._router.chat_stream(
+            chat, org_id=identity.principal.org_id, time_limit=context.time_remaining()
+        ):
             if isinstance(event, ContentDelta):
                 yield gateway_pb2.ChatStreamResponse(content_delta=event.text)
             else:

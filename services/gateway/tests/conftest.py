@@ -49,7 +49,7 @@ def vendors(session_logs: Path) -> Iterator[Vendors]:
         yield Vendors(*started)
     finally:
         for vendor in started:
-            vendor.process.stop()
+            vendor.stop()
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,10 @@ Providers, in failover order:
   alpha  needs a key (the fake refuses calls without it), reasoning effort on
   beta   no key, no reasoning effort
   gamma  no key; also serves embeddings
-Timeouts are short so a hanging vendor costs about a second.
+Timeouts are short so a hanging vendor costs about a second. By default the file
+turns retries and cooldowns off, so a test of failover sees failover alone and no
+test inherits a cooldown from the one before; the tests of retries and cooldowns
+pass their own settings.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -35,22 +38,34 @@ PROVIDER_TIMEOUT_SECONDS = 1.0
 class FakeVendor:
     name: str
     process: ServiceProcess
+    # One keep-alive client for the control surface: a test makes several calls.
+    _control: httpx.Client | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
         return f"http://{self.process.address}"
 
+    @property
+    def control(self) -> httpx.Client:
+        if self._control is None:
+            self._control = httpx.Client(base_url=self.url, timeout=10)
+        return self._control
+
     def script(self, *steps: dict[str, Any]) -> None:
-        response = httpx.post(f"{self.url}/_control/script", json={"steps": list(steps)})
-        response.raise_for_status()
+        self.control.post("/_control/script", json={"steps": list(steps)}).raise_for_status()
 
     def reset(self) -> None:
-        httpx.post(f"{self.url}/_control/reset").raise_for_status()
+        self.control.post("/_control/reset").raise_for_status()
 
     def requests(self, path: str = "/v1/chat/completions") -> list[dict[str, Any]]:
-        response = httpx.get(f"{self.url}/_control/requests")
+        response = self.control.get("/_control/requests")
         response.raise_for_status()
         return [r for r in response.json()["requests"] if r["path"] == path]
+
+    def stop(self) -> None:
+        if self._control is not None:
+            self._control.close()
+        self.process.stop()
 
 
 @dataclass
@@ -63,22 +78,32 @@ class Vendors:
         return (self.alpha, self.beta, self.gamma)
 
 
-def provider_yaml(vendors: Vendors, *, timeout: float = PROVIDER_TIMEOUT_SECONDS) -> str:
+NO_RETRIES_NO_COOLDOWNS = {"max_retries": 0, "cooldown_max_seconds": 0}
+
+
+def provider_yaml(
+    vendors: Vendors,
+    *,
+    timeout: float = PROVIDER_TIMEOUT_SECONDS,
+    resilience: dict[str, float] | None = None,
+) -> str:
+    settings = NO_RETRIES_NO_COOLDOWNS if resilience is None else resilience
+    extra = "".join(f"\n    {key}: {value}" for key, value in settings.items())
     return f"""
 providers:
   - name: alpha
     base_url: {vendors.alpha.url}/v1
     api_key_env: CAIRN_TEST_ALPHA_KEY
     supports_reasoning_effort: true
-    timeout_seconds: {timeout}
+    timeout_seconds: {timeout}{extra}
     models: {{fast: alpha-fast, balanced: alpha-balanced, deep: alpha-deep}}
   - name: beta
     base_url: {vendors.beta.url}/v1
-    timeout_seconds: {timeout}
+    timeout_seconds: {timeout}{extra}
     models: {{fast: beta-fast, balanced: beta-balanced, deep: beta-deep}}
   - name: gamma
     base_url: {vendors.gamma.url}/v1
-    timeout_seconds: {timeout}
+    timeout_seconds: {timeout}{extra}
     embedding_model: gamma-embed
     models: {{balanced: gamma-balanced, deep: shared-deep}}
 """

@@ -100,6 +100,22 @@ def test_the_shipped_example_parses() -> None:
             "providers:\n  - name: a\n    preset: groq\n    tokens_per_minute: -5\n    models: {fast: m}",
             "tokens_per_minute",
         ),
+        (
+            "providers:\n  - name: a\n    preset: groq\n    max_retries: -1\n    models: {fast: m}",
+            "max_retries must be a whole number >= 0",
+        ),
+        (
+            "providers:\n  - name: a\n    preset: groq\n    retry_backoff_seconds: 0\n    models: {fast: m}",
+            "retry_backoff_seconds must be a number of seconds > 0",
+        ),
+        (
+            "providers:\n  - name: a\n    preset: groq\n    cooldown_after_failures: 0\n    models: {fast: m}",
+            "set cooldown_max_seconds: 0",
+        ),
+        (
+            "providers:\n  - name: a\n    preset: groq\n    cooldown_max_seconds: soon\n    models: {fast: m}",
+            "cooldown_max_seconds must be a number of seconds >= 0",
+        ),
         ("providers: [", "not valid YAML"),
     ],
 )
@@ -109,6 +125,25 @@ def test_a_bad_provider_file_is_refused_naming_what_is_wrong(text: str, names: s
 
     assert names in refused.value.message
     assert refused.value.message.startswith("providers.yaml")
+
+
+def test_retries_and_cooldowns_default_sensibly_and_are_set_per_provider() -> None:
+    config = parse_config(
+        "providers:\n  - {name: g, preset: groq, models: {fast: m}}\n"
+        "  - name: o\n    preset: ollama\n    models: {fast: m}\n    max_retries: 0\n"
+        "    retry_backoff_seconds: 0.1\n    retry_max_wait_seconds: 2\n"
+        "    cooldown_after_failures: 5\n    cooldown_seconds: 1\n    cooldown_max_seconds: 0\n",
+        source="test",
+    )
+
+    default, tuned = config.providers
+    assert (default.retry.max_retries, default.retry.backoff_seconds) == (2, 0.5)
+    assert default.retry.max_wait_seconds == 8
+    assert (default.cooldown.after_failures, default.cooldown.base_seconds) == (3, 5)
+    assert default.cooldown.max_seconds == 300
+    assert (tuned.retry.max_retries, tuned.retry.backoff_seconds) == (0, 0.1)
+    assert tuned.retry.max_wait_seconds == 2
+    assert (tuned.cooldown.after_failures, tuned.cooldown.max_seconds) == (5, 0)
 
 
 def test_without_a_file_the_gateway_uses_the_offline_demo_model() -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cairn_gateway.config import ProviderConfig
 from cairn_gateway.domain import (
+    CEILING_SEND_ALLOWANCE_SECONDS,
     Attempt,
     ChatMessage,
     ChatRequest,
@@ -142,11 +145,81 @@ def test_a_ceiling_is_never_granted_past_its_tokens_per_minute(
         assert check.retry_after_seconds is not None and 0 < check.retry_after_seconds <= 10
 
 
-def test_the_counted_window_always_covers_the_last_full_minute() -> None:
-    for moment in (0.0, 9.99, 10.0, 59.5, 123.4):
-        assert ceiling_window_floor(moment) <= moment - 60
-        assert ceiling_window_floor(moment) > moment - 71
+def test_the_counted_window_covers_the_last_minute_and_the_send_allowance() -> None:
+    for moment in (0.0, 4.99, 5.0, 9.99, 10.0, 59.5, 123.4, 125.0):
+        floor = ceiling_window_floor(moment)
+        assert moment - 75 < floor <= moment - 60 - CEILING_SEND_ALLOWANCE_SECONDS
         assert ceiling_bucket(moment) <= moment < ceiling_bucket(moment) + 10
+
+
+EIGHT_THOUSAND = ProviderConfig(
+    name="g", base_url="https://g/v1", api_key_env="", models={"fast": "m"}, tokens_per_minute=8000
+)
+
+
+def sent_under_the_ceiling(
+    calls: list[tuple[float, int, float]],
+    start: float,
+    *,
+    window_floor: Callable[[float], int] = ceiling_window_floor,
+) -> list[tuple[float, int]]:
+    """What reaches the vendor when every call is checked as the PostgreSQL ledger
+    checks it: (gap since the previous call, tokens, delay from grant to vendor)."""
+    buckets: dict[int, int] = {}
+    sent = []
+    moment = start
+    for gap, tokens, delay in calls:
+        moment += gap
+        floor = window_floor(moment)
+        check = check_ceiling(
+            provider=EIGHT_THOUSAND,
+            tokens=tokens,
+            used_tokens=sum(used for bucket, used in buckets.items() if bucket >= floor),
+            used_requests=0,
+            epoch_seconds=moment,
+        )
+        if check.granted:
+            buckets[ceiling_bucket(moment)] = buckets.get(ceiling_bucket(moment), 0) + tokens
+            sent.append((moment + delay, tokens))
+    return sent
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    calls=st.lists(
+        st.tuples(
+            st.floats(0, 40, allow_nan=False),
+            st.integers(1, 4000),
+            st.floats(0, CEILING_SEND_ALLOWANCE_SECONDS, allow_nan=False),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    start=st.floats(0, 1e6, allow_nan=False),
+)
+def test_a_ceiling_of_8000_is_never_passed_in_any_sliding_minute_at_the_vendor(
+    calls: list[tuple[float, int, float]], start: float
+) -> None:
+    sent = sent_under_the_ceiling(calls, start)
+
+    for arrived, _ in sent:
+        in_minute = sum(tokens for other, tokens in sent if arrived - 60 < other <= arrived)
+        assert in_minute <= 8000
+
+
+def test_without_the_send_allowance_two_full_minutes_would_reach_the_vendor_together() -> None:
+    # A full ceiling granted just before a bucket boundary and sent a moment later,
+    # then another full one 60.01 s after the grant: the vendor sees both within a minute.
+    calls = [(9.99, 8000, 0.02), (60.01, 8000, 0.0)]
+
+    def exactly_one_minute(moment: float) -> int:
+        return ceiling_bucket(moment) - 60
+
+    assert [t for _, t in sent_under_the_ceiling(calls, 0.0, window_floor=exactly_one_minute)] == [
+        8000,
+        8000,
+    ]
+    assert [t for _, t in sent_under_the_ceiling(calls, 0.0)] == [8000]
 
 
 def test_requests_per_minute_is_a_ceiling_too() -> None:
@@ -190,6 +263,31 @@ def test_the_redactor_removes_the_key_and_echoed_prompt_text() -> None:
 
     assert "sk-live-abc123" not in text and "Jane" not in text and "salary" not in text
     assert "[redacted]" in text and "[prompt]" in text
+
+
+@given(
+    prompt=st.text(min_size=12, max_size=200),
+    start=st.integers(0, 200),
+    length=st.integers(12, 120),
+    before=st.text(max_size=40),
+    after=st.text(max_size=40),
+)
+def test_no_echoed_fragment_of_the_prompt_survives_the_redactor(
+    prompt: str, start: int, length: int, before: str, after: str
+) -> None:
+    start = min(start, len(prompt) - 12)
+    echoed = prompt[start : start + length]
+    redact = Redactor(max_chars=10_000).with_prompt([ChatMessage("user", prompt)])
+
+    text = redact(f"{before}{echoed}{after}")
+
+    assert not [prompt[i : i + 12] for i in range(len(prompt) - 11) if prompt[i : i + 12] in text]
+
+
+def test_the_redactor_leaves_an_error_that_quotes_nothing_alone() -> None:
+    redact = Redactor().with_prompt([ChatMessage("user", "What is the capital of France?")])
+
+    assert redact("Rate limit reached for requests.") == "Rate limit reached for requests."
 
 
 def test_the_redactor_cuts_long_text() -> None:

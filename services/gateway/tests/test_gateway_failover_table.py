@@ -9,6 +9,7 @@ import pytest
 
 from cairn_gateway.domain import (
     Attempt,
+    CooldownCause,
     NextStep,
     Outcome,
     RequestShape,
@@ -184,3 +185,33 @@ def test_all_failed_lists_every_attempt_and_is_unavailable_unless_all_were_rate_
     assert "TIMEOUT (no answer within 30s)" in mixed_error.message
     assert limited_error.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert limited_error.retry_after_seconds == 5
+
+
+def test_a_skip_for_a_cooldown_says_when_to_come_back_and_why() -> None:
+    rate = attempt(
+        Outcome.SKIPPED_COOLDOWN, retry_after_seconds=41.5, cooldown_cause=CooldownCause.RATE_LIMIT
+    )
+    failing = attempt(
+        Outcome.SKIPPED_COOLDOWN, retry_after_seconds=12, cooldown_cause=CooldownCause.FAILURES
+    )
+
+    rate_error, failing_error = error_for_attempt(rate), error_for_attempt(failing)
+
+    assert (rate_error.code, rate_error.retry_after_seconds) == (
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        41.5,
+    )
+    assert (failing_error.code, failing_error.retry_after_seconds) == (
+        grpc.StatusCode.UNAVAILABLE,
+        12,
+    )
+    assert all_failed_error([rate, attempt(Outcome.RATE_LIMITED, retry_after_seconds=60)]).code == (
+        grpc.StatusCode.RESOURCE_EXHAUSTED
+    )
+    assert all_failed_error([failing, rate]).retry_after_seconds == 12
+
+
+def test_a_call_too_big_for_every_providers_ceiling_is_not_told_to_retry() -> None:
+    error = all_failed_error([attempt(Outcome.REFUSED_CEILING), attempt(Outcome.REFUSED_CEILING)])
+
+    assert type(error) is CallExceedsCeiling and error.retry_after_seconds is None

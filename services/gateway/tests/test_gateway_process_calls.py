@@ -497,6 +497,74 @@ def test_a_stream_with_tool_calls_in_the_history_returns_the_fault_without_failo
     assert vendors.beta.requests() == []
 
 
+# --- a conversation pinned to the provider that made its tool calls ----------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+def test_a_conversation_holding_tool_calls_goes_only_to_the_provider_that_made_them(
+    stub: gateway_pb2_grpc.GatewayServiceStub,
+    vendors: Vendors,
+    metadata: Metadata,
+    stream: bool,
+) -> None:
+    vendors.beta.script({"action": "answer", "content": "Beta continues its own tool call."})
+    request = pb.ChatRequest(messages=tool_history(), tier=pb.TIER_BALANCED, pinned_provider="beta")
+
+    if stream:
+        deltas, done, error = stream_events(stub, request, metadata)
+        assert error is None and "".join(deltas) == "Beta continues its own tool call."
+    else:
+        done = stub.Chat(request, metadata=metadata, timeout=10)
+
+    assert done is not None and done.provider == "beta"
+    assert done.message.content == "Beta continues its own tool call."
+    assert outcomes(done) == [("beta", "ATTEMPT_OUTCOME_OK", 200)]
+    assert vendors.alpha.requests() == []  # first in failover order, yet never asked
+    (sent,) = vendors.beta.requests()
+    assert sent["body"]["messages"][2]["tool_calls"][0]["id"] == "call_abc123"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+def test_a_pinned_provider_that_fails_is_not_replaced_by_another(
+    stub: gateway_pb2_grpc.GatewayServiceStub,
+    vendors: Vendors,
+    metadata: Metadata,
+    stream: bool,
+) -> None:
+    vendors.beta.script({"action": "status", "status": 503})
+    request = pb.ChatRequest(messages=tool_history(), tier=pb.TIER_BALANCED, pinned_provider="beta")
+
+    if stream:
+        deltas, done, error = stream_events(stub, request, metadata)
+        assert deltas == [] and done is None
+    else:
+        error = rpc_error(lambda: stub.Chat(request, metadata=metadata, timeout=10))
+
+    assert error is not None and error.code() == grpc.StatusCode.UNAVAILABLE
+    assert "'beta'" in error.details()
+    assert vendors.alpha.requests() == [] and vendors.gamma.requests() == []
+
+
+def test_a_pin_to_a_provider_that_does_not_serve_the_tier_is_refused_before_sending(
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, metadata: Metadata
+) -> None:
+    request = pb.ChatRequest(messages=tool_history(), tier=pb.TIER_FAST, pinned_provider="gamma")
+
+    error = rpc_error(lambda: stub.Chat(request, metadata=metadata, timeout=10))
+
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "pinned_provider 'gamma'" in error.details()
+    assert all(v.requests() == [] for v in vendors.all())
+
+
+def test_a_pin_without_tool_calls_in_the_history_leaves_failover_in_order(
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, metadata: Metadata
+) -> None:
+    response = stub.Chat(chat_request(pinned_provider="beta"), metadata=metadata, timeout=10)
+
+    assert response.provider == "alpha"
+
+
 # --- budgets ---------------------------------------------------------------------
 
 
@@ -590,6 +658,49 @@ def test_no_api_key_appears_in_the_gateway_log(
     assert "CAIRN_TEST_ALPHA_KEY" in log  # the variable's name is logged, so the check is live
     assert ALPHA_KEY not in log
     assert ALPHA_KEY[:16] not in log
+
+
+def test_no_prompt_or_answer_text_appears_in_logs_spans_or_errors_even_when_echoed(
+    stub: gateway_pb2_grpc.GatewayServiceStub,
+    vendors: Vendors,
+    metadata: Metadata,
+    gateway: ServiceProcess,
+    span_collector: SpanCollector,
+) -> None:
+    # Nothing here can occur by chance in a trace id, a timestamp or a latency.
+    prompt = "Draft the dismissal letter for Marguerite Okonkwo-Vasquez, payroll QX-7731"
+    answer = "Dear Ms Okonkwo-Vasquez, regarding payroll QX-7731"
+    run_id = new_run_id()
+    request = chat_request(prompt, run_id=run_id)
+    # Vendors quote the request back in their errors; the gateway must not pass it on.
+    vendors.alpha.script(
+        {"action": "status", "status": 500, "message": f"failed on input: {prompt}"},
+        {"action": "status", "status": 400, "message": f"Invalid content: '{prompt}'"},
+        {"action": "status", "status": 503, "message": f"overloaded by '{prompt[:40]}'"},
+    )
+    vendors.beta.script(
+        {"action": "answer", "content": answer}, {"action": "answer", "content": answer}
+    )
+
+    answered = stub.Chat(request, metadata=metadata, timeout=10)
+    refused = rpc_error(lambda: stub.Chat(request, metadata=metadata, timeout=10))
+    deltas, streamed, _ = stream_events(stub, request, metadata)
+
+    assert answered.message.content == answer and "".join(deltas) == answer
+    assert streamed is not None
+    # The echoes did reach the gateway, and were cut out where they would have shown.
+    assert "[prompt]" in answered.attempts[0].detail
+    assert "[prompt]" in refused.details()
+    span_collector.wait_for("chat beta-balanced", run_id=run_id)
+    spans = "".join(s.raw for s in span_collector.spans())
+    log = gateway.log_text()
+    assert "chat.attempt" in log and run_id in log
+    for place in (log, spans, refused.details(), answered.attempts[0].detail):
+        assert "Okonkwo" not in place and "QX-7731" not in place
+        # Not even a fragment: no run of 12 characters of the prompt, wherever it starts.
+        assert not [
+            prompt[i : i + 12] for i in range(len(prompt) - 11) if prompt[i : i + 12] in place
+        ]
 
 
 def test_models_are_listed_from_the_configuration(

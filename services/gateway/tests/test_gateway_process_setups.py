@@ -20,6 +20,7 @@ from cairn_libs.stack import (
     wait_for_http,
 )
 from services.gateway.tests.gateway_support import FakeVendor, chat_request
+from services.gateway.tests.test_gateway_process_calls import retry_delay_seconds
 
 Metadata = tuple[tuple[str, str], ...]
 
@@ -31,12 +32,14 @@ def module_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def offline_vendor(module_logs: Path) -> Iterator[FakeVendor]:
-    proc = start_fake_provider(port=free_port(), log_dir=module_logs, name="offline")
+    vendor = FakeVendor(
+        "offline", start_fake_provider(port=free_port(), log_dir=module_logs, name="offline")
+    )
     try:
-        wait_for_http(proc)
-        yield FakeVendor("offline", proc)
+        wait_for_http(vendor.process)
+        yield vendor
     finally:
-        proc.stop()
+        vendor.stop()
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +106,7 @@ def test_a_provider_that_is_down_is_reported_in_the_attempts_and_the_gateway_sta
     config.write_text(
         "providers:\n  - name: dead\n"
         f"    base_url: http://127.0.0.1:{dead_port}/v1\n"
-        "    timeout_seconds: 1\n    models: {balanced: m}\n"
+        "    timeout_seconds: 1\n    retry_backoff_seconds: 0.05\n    models: {balanced: m}\n"
     )
     proc = start_service(
         "gateway",
@@ -127,7 +130,11 @@ def test_a_provider_that_is_down_is_reported_in_the_attempts_and_the_gateway_sta
 
 # --- two replicas, one ceiling ---------------------------------------------------
 
-CEILING_TOKENS = 3000
+# The issue's own number: a deployment ceiling of 8,000 tokens a minute must be safe.
+CEILING_TOKENS = 8000
+PROMPT = "word " * 400  # 2000 characters: 500 prompt tokens
+MAX_TOKENS = 500  # reserved up front: 1000 tokens per call
+ANSWER = "Noted."  # really used: 500 + 2 = 502 tokens per call
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +147,7 @@ def ceiling_pair(
     config.write_text(
         f"providers:\n  - name: {name}\n    base_url: {offline_vendor.url}/v1\n"
         f"    timeout_seconds: 5\n    tokens_per_minute: {CEILING_TOKENS}\n"
-        "    models: {balanced: metered-model}\n"
+        "    max_retries: 0\n    models: {balanced: metered-model}\n"
     )
     procs = [
         start_service(
@@ -161,36 +168,60 @@ def ceiling_pair(
             proc.stop()
 
 
-def test_two_gateways_under_load_stay_together_under_one_ceiling(
+def test_two_gateways_under_load_stay_together_under_one_ceiling_of_8000_tokens(
     ceiling_pair: tuple[ServiceProcess, ServiceProcess],
     offline_vendor: FakeVendor,
     metadata: Metadata,
 ) -> None:
+    """Both replicas are loaded at once until the shared ceiling refuses everything.
+
+    Before a call each gateway reserves its estimate (prompt + max_tokens = 1000);
+    afterwards it settles to the usage the vendor reported (502). Without settling,
+    8 calls would fit; with it, calls keep being admitted while the settled usage
+    plus one more estimate fits: 13 settled (6526) + 1000 <= 8000, 14 settled (7028)
+    + 1000 > 8000, so exactly 14 once nothing is in flight. At no moment may what
+    the vendor received pass 8000, however the calls interleave.
+    """
     offline_vendor.reset()
-    # 500 prompt tokens + max_tokens 100 each: five calls fit in 3000. The answers are
-    # scripted because, unlike a vendor, the demo model's default answer ignores max_tokens.
-    offline_vendor.script(*[{"action": "answer", "content": "Noted. " * 20}] * 32)
-    request = chat_request("word " * 400, max_tokens=100)
+    offline_vendor.script(*[{"action": "answer", "content": ANSWER}] * 64)
+    request = chat_request(PROMPT, max_tokens=MAX_TOKENS)
     channels = [grpc.insecure_channel(p.address) for p in ceiling_pair]
     stubs = [gateway_pb2_grpc.GatewayServiceStub(c) for c in channels]
 
-    def call(i: int) -> gateway_pb2.ChatResponse | grpc.StatusCode:
+    def call(i: int) -> tuple[int, gateway_pb2.ChatResponse | grpc.RpcError]:
         try:
-            return stubs[i % 2].Chat(request, metadata=metadata, timeout=10)
+            return i % 2, stubs[i % 2].Chat(request, metadata=metadata, timeout=10)
         except grpc.RpcError as exc:
-            return exc.code()
+            return i % 2, exc
 
     try:
+        # Load from both replicas at once...
         with ThreadPoolExecutor(max_workers=16) as pool:
             results = list(pool.map(call, range(32)))
+        # ...then, with nothing in flight, alternate until both refuse in a row.
+        refusals_in_a_row, i = 0, 0
+        while refusals_in_a_row < 2:
+            result = call(i)
+            results.append(result)
+            refusals_in_a_row = (
+                0 if isinstance(result, gateway_pb2.ChatResponse) else refusals_in_a_row + 1
+            )
+            i += 1
     finally:
         for channel in channels:
             channel.close()
 
-    answered = [r for r in results if isinstance(r, gateway_pb2.ChatResponse)]
-    refused = [r for r in results if not isinstance(r, gateway_pb2.ChatResponse)]
-    used = sum(r.usage.total_tokens for r in answered)
-    assert len(answered) == 5 and len(refused) == 27
-    assert used <= CEILING_TOKENS
-    assert set(refused) == {grpc.StatusCode.RESOURCE_EXHAUSTED}
-    assert len(offline_vendor.requests()) == len(answered)
+    answered = [r for _, r in results if isinstance(r, gateway_pb2.ChatResponse)]
+    refused = [r for _, r in results if isinstance(r, grpc.RpcError)]
+    received = offline_vendor.requests()
+    # What the vendor counts: every request it received, at the usage it reported.
+    assert len(received) == len(answered)
+    assert sum(r.usage.total_tokens for r in answered) <= CEILING_TOKENS
+    assert {r.usage.total_tokens for r in answered} == {502}
+    # Settling gave back what the estimate over-reserved: 14 calls, not 8.
+    assert len(answered) == 14
+    assert {r.code() for r in refused} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+    assert all(retry_delay_seconds(r) is not None for r in refused)
+    assert {r["body"]["max_tokens"] for r in received} == {MAX_TOKENS}
+    # Both replicas sent calls: the ceiling held across them, not within one.
+    assert {replica for replica, r in results if isinstance(r, gateway_pb2.ChatResponse)} == {0, 1}
