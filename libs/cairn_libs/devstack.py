@@ -44,7 +44,7 @@ from cairn_libs.stack import (
 STATE = REPO_ROOT / "state"
 PORTS = {"gateway": 50051, "retrieval": 50052, "memory": 50053, "orchestrator": 50054}
 OFFLINE_MODEL_PORT = 8089
-console = Console()
+console = Console(width=max(Console().width, 120))
 
 
 def _env(pg_url: str, public_key: Path, private_key: Path) -> dict[str, str]:
