@@ -21,6 +21,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
 
 current_run_id: contextvars.ContextVar[str] = contextvars.ContextVar("cairn_run_id", default="")
 
@@ -68,10 +69,18 @@ def configure_tracing(service: str) -> TracerProvider:
     global _provider
     if _provider is not None:
         return _provider
-    provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get(
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
-    ):
+    exporting = bool(
+        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+    # With no collector, spans are still created (their trace and span ids name log
+    # lines and trajectory steps) but not recorded: recording what nobody exports
+    # cost the gateway about a tenth of its per-call CPU (bench/gateway_overhead.py).
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": service}),
+        sampler=ParentBased(ALWAYS_ON) if exporting else ALWAYS_OFF,
+    )
+    if exporting:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
