@@ -6,7 +6,6 @@ mode, and an OTLP receiver in this process that collects every span they export.
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from concurrent import futures
@@ -180,17 +179,6 @@ def _ingest_handbook(stack: Stack) -> dict[str, Any]:
             )
         )
     return corpus
-
-
-def wait_until(predicate: Any, *, timeout: float = 15.0, interval: float = 0.05) -> Any:
-    """Poll an event rather than sleep a fixed time; return the first truthy value."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError("condition not met in time")
 
 
 def repo_path(*parts: str) -> Path:

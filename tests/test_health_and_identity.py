@@ -22,8 +22,14 @@ from cairn.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from cairn.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from cairn_libs.clients import call_metadata
 from cairn_libs.identity import TokenIssuer, generate_dev_keypair
-from cairn_libs.stack import free_port, health_status, start_service, wait_for_health
-from tests.conftest import SERVICES, Stack, wait_until
+from cairn_libs.stack import (
+    free_port,
+    health_status,
+    start_service,
+    wait_for_health,
+    wait_until,
+)
+from tests.conftest import SERVICES, Stack
 
 
 class UnixSocketProxy:

@@ -11,8 +11,8 @@ from google.protobuf import json_format
 
 from cairn.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from cairn_libs.clients import call_metadata
-from cairn_libs.stack import log_events
-from tests.conftest import Stack, wait_until
+from cairn_libs.stack import log_events, wait_until
+from tests.conftest import Stack
 
 CONFIDENTIAL_DOC = "handbook-bonus-pool-2026"
 CONFIDENTIAL_PHRASES = ("company factor of 0.9", "9 percent of base salary", "Bonus pool 2026")

@@ -11,15 +11,16 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
 
 SERVICE_MODULES = {
     "gateway": "cairn_gateway",
@@ -160,6 +161,20 @@ def health_status(address: str, *, timeout: float = 2.0) -> str:
         except grpc.RpcError:
             return "UNREACHABLE"
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
+
+
+def wait_until(
+    predicate: Callable[[], T | None], *, timeout: float = 30.0, interval: float = 0.05
+) -> T:
+    """Poll for an event the code under test causes, rather than sleep a fixed time;
+    return the first truthy value, or raise TimeoutError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError("condition not met in time")
 
 
 def wait_for_health(proc: ServiceProcess, *, want: str = "SERVING", timeout: float = 60.0) -> None:

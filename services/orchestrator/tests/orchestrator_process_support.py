@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import urllib.request
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -244,14 +243,3 @@ async def _confirmation_state(pg_url: str, token: str) -> str:
     finally:
         await conn.close()
     return state
-
-
-def wait_until(predicate: Callable[[], Any], *, timeout: float = 30.0) -> Any:
-    """Poll for an event the code under test causes; fail after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise TimeoutError("condition not met in time")

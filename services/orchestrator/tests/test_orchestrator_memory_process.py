@@ -8,7 +8,6 @@ What the model was sent is read back from the offline model's request log
 from __future__ import annotations
 
 import json
-import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from cairn_libs.stack import (
     wait_for_health,
     wait_for_http,
 )
+from services.orchestrator.tests.orchestrator_process_support import chat_requests, control
 
 ASSISTANT_SPEC = """\
 name: assistant
@@ -123,31 +123,6 @@ def memory_stack(
 # ---------------------------------------------------------------- helpers
 
 
-def control(stack: MemoryStack, path: str, body: dict[str, Any] | None = None) -> Any:
-    request = urllib.request.Request(
-        f"{stack.model_url}/_control/{path}",
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-        method="GET" if body is None else "POST",
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read())
-
-
-def chat_requests(stack: MemoryStack, *, containing: str) -> list[list[dict[str, Any]]]:
-    """The message lists of the chat requests whose last user message holds `containing`."""
-    found = []
-    for entry in control(stack, "requests")["requests"]:
-        body = entry.get("body") or {}
-        if not entry["path"].endswith("/chat/completions"):
-            continue
-        messages = body.get("messages", [])
-        users = [m for m in messages if m.get("role") == "user"]
-        if users and containing in (users[-1].get("content") or ""):
-            found.append(messages)
-    return found
-
-
 def fenced(text: str, kind: str) -> str:
     """The body of the first block of `kind` in `text` ('' when there is none)."""
     lines = text.split("\n")
@@ -219,7 +194,7 @@ def test_recalled_memories_reach_the_user_message_with_the_pinned_sentence_never
     run, steps = start_run(memory_stack.orchestrator, token, question)
     assert run.state == pb.RUN_STATE_COMPLETED, run.reason
 
-    (messages,) = chat_requests(memory_stack, containing=question)
+    (messages,) = chat_requests(memory_stack.model_url, containing=question)
     system, user = messages[0], messages[-1]
     assert system["role"] == "system" and user["role"] == "user"
     for leaked in ("Prefers answers in German", NEVER_A_REASON, "CAIRN-DATA kind=memory"):
@@ -241,7 +216,7 @@ def test_compaction_archives_a_large_turn_and_recall_brings_it_back_verbatim(
     token = issuer.caller_token(org_id=new_org, user_id="alice")
     conversation = f"conv-{uuid.uuid4().hex[:10]}"
     earlier = [(pb.TURN_ROLE_USER, VERBATIM), (pb.TURN_ROLE_ASSISTANT, "Noted, thank you.")]
-    control(memory_stack, "reset", {})
+    control(memory_stack.model_url, "reset", {})
 
     first_question = f"What was the budget? ({uuid.uuid4().hex[:8]})"
     run, steps = start_run(
@@ -261,7 +236,7 @@ def test_compaction_archives_a_large_turn_and_recall_brings_it_back_verbatim(
     assert archived["archived"][0]["block_id"] == block_id
     assert archived["archived"][0]["chars"] == len(VERBATIM)
 
-    (messages,) = chat_requests(memory_stack, containing=first_question)
+    (messages,) = chat_requests(memory_stack.model_url, containing=first_question)
     window = fenced(messages[-1]["content"], "conversation")
     assert f"recall:{block_id}" in window and "assistant: Noted, thank you." in window
     assert VERBATIM not in messages[-1]["content"]  # it travels clipped, by reference
@@ -286,7 +261,7 @@ def test_compaction_archives_a_large_turn_and_recall_brings_it_back_verbatim(
 
     # The next turn sends the same history; the model asks for the block back.
     control(
-        memory_stack,
+        memory_stack.model_url,
         "script",
         {
             "steps": [
@@ -314,7 +289,7 @@ def test_compaction_archives_a_large_turn_and_recall_brings_it_back_verbatim(
     assert recall_step.name == "recall" and not recall_step.HasField("error")
     assert detail(recall_step)["result"]["content"] == VERBATIM
 
-    _, after_tool = chat_requests(memory_stack, containing=second_question)
+    _, after_tool = chat_requests(memory_stack.model_url, containing=second_question)
     tool_message = after_tool[-1]
     assert tool_message["role"] == "tool"
     assert json.loads(tool_message["content"])["content"] == VERBATIM
@@ -324,9 +299,9 @@ def test_a_deployment_that_keeps_no_memories_answers_the_memory_tools_plainly(
     memory_stack: MemoryStack, issuer: TokenIssuer, new_org: str
 ) -> None:
     token = issuer.caller_token(org_id=new_org, user_id="alice")
-    control(memory_stack, "reset", {})
+    control(memory_stack.model_url, "reset", {})
     control(
-        memory_stack,
+        memory_stack.model_url,
         "script",
         {
             "steps": [
@@ -364,7 +339,7 @@ def test_memory_tool_definitions_reach_the_model_with_their_schemas(
     assert run.state == pb.RUN_STATE_COMPLETED, run.reason
     entry = next(
         e
-        for e in control(memory_stack, "requests")["requests"]
+        for e in control(memory_stack.model_url, "requests")["requests"]
         if e["path"].endswith("/chat/completions") and question in json.dumps(e.get("body") or {})
     )
     offered = {t["function"]["name"]: t["function"] for t in entry["body"]["tools"]}
@@ -383,9 +358,9 @@ def test_remember_goes_through_confirmation_into_memory_with_author_model_and_th
     memory_stack: MemoryStack, issuer: TokenIssuer, new_org: str
 ) -> None:
     token = issuer.caller_token(org_id=new_org, user_id="alice")
-    control(memory_stack, "reset", {})
+    control(memory_stack.model_url, "reset", {})
     control(
-        memory_stack,
+        memory_stack.model_url,
         "script",
         {
             "steps": [
@@ -460,7 +435,7 @@ def test_remember_goes_through_confirmation_into_memory_with_author_model_and_th
     question = f"How should you answer me? ({uuid.uuid4().hex[:8]})"
     later, _ = start_run(memory_stack.orchestrator, token, question)
     assert later.state == pb.RUN_STATE_COMPLETED, later.reason
-    (messages,) = chat_requests(memory_stack, containing=question)
+    (messages,) = chat_requests(memory_stack.model_url, containing=question)
     block = fenced(messages[-1]["content"], "memory")
     assert f"written by an agent in run {run.run_id}" in block
     assert '"Prefers answers in German."' in block

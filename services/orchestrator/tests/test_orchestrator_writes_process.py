@@ -30,6 +30,7 @@ from cairn_libs.stack import (
     start_service,
     wait_for_health,
     wait_for_http,
+    wait_until,
 )
 from services.orchestrator.tests.orchestrator_process_support import (
     SCRIBE_SPEC,
@@ -47,7 +48,6 @@ from services.orchestrator.tests.orchestrator_process_support import (
     start_run,
     tool_messages,
     trajectory,
-    wait_until,
 )
 
 LEASE_SECONDS = "1.5"
