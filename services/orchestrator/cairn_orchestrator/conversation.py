@@ -196,9 +196,10 @@ class CompactedConversation:
 @dataclass(slots=True)
 class _RecentlyArchived:
     """Blocks this process archived lately, so a client that sends the same long
-    message with every turn does not fill the archive with copies. Bounded, and a
-    restart forgets it (at worst one more copy); the archive itself has no way to
-    say "this one is already kept"."""
+    message with every turn costs no Archive call and the trajectory can say the
+    block was already kept. Bounded, and a restart forgets it; copies are not the
+    concern, since the memory service returns the block already kept for the same
+    content in the same conversation."""
 
     capacity: int = 4096
     _ids: OrderedDict[tuple[str, ...], str] = field(default_factory=OrderedDict)
