@@ -12,6 +12,7 @@ from cairn_libs.stack import (
     REPO_ROOT,
     ServiceProcess,
     free_port,
+    stack_env,
     start_embedded_postgres,
     start_fake_provider,
     start_service,
@@ -40,15 +41,13 @@ def bench_stack(services: tuple[str, ...]) -> Iterator[BenchStack]:
     ports = {name: free_port() for name in ("gateway", "retrieval", "memory", "orchestrator")}
     addresses = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
     env = {
-        "DATABASE_URL": pg_url,
-        "CAIRN_JWT_PUBLIC_KEY_FILE": str(public_key),
-        "CAIRN_SERVICE_SIGNING_KEY_FILE": str(private_key),
-        "CAIRN_QDRANT_PATH": str(STATE / "qdrant"),
-        "CAIRN_OFFLINE_MODEL_URL": f"http://127.0.0.1:{model_port}/v1",
-        "CAIRN_AGENTS_DIR": str(REPO_ROOT / "agents"),
-        "CAIRN_GATEWAY_ADDR": addresses["gateway"],
-        "CAIRN_RETRIEVAL_ADDR": addresses["retrieval"],
-        "CAIRN_MEMORY_ADDR": addresses["memory"],
+        **stack_env(
+            database_url=pg_url,
+            keys=(private_key, public_key),
+            qdrant_path=STATE / "qdrant",
+            model_url=f"http://127.0.0.1:{model_port}",
+            addresses=addresses,
+        ),
         "CAIRN_LOG_LEVEL": "WARNING",
     }
     processes: list[ServiceProcess] = [model]

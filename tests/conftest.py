@@ -26,6 +26,7 @@ from cairn_libs.stack import (
     REPO_ROOT,
     ServiceProcess,
     free_port,
+    stack_env,
     start_fake_provider,
     start_service,
     wait_for_health,
@@ -121,6 +122,8 @@ class Stack:
 @pytest.fixture(scope="session")
 def stack(
     service_env: dict[str, str],
+    pg_url: str,
+    dev_keys: tuple[Path, Path],
     issuer: TokenIssuer,
     otlp: tuple[OtlpReceiver, str],
     tmp_path_factory: pytest.TempPathFactory,
@@ -133,12 +136,13 @@ def stack(
     addresses = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
     env = {
         **service_env,
-        "CAIRN_QDRANT_PATH": str(base / "qdrant"),
-        "CAIRN_OFFLINE_MODEL_URL": f"http://127.0.0.1:{model_port}/v1",
-        "CAIRN_AGENTS_DIR": str(REPO_ROOT / "agents"),
-        "CAIRN_GATEWAY_ADDR": addresses["gateway"],
-        "CAIRN_RETRIEVAL_ADDR": addresses["retrieval"],
-        "CAIRN_MEMORY_ADDR": addresses["memory"],
+        **stack_env(
+            database_url=pg_url,
+            keys=dev_keys,
+            qdrant_path=base / "qdrant",
+            model_url=f"http://127.0.0.1:{model_port}",
+            addresses=addresses,
+        ),
         "OTEL_EXPORTER_OTLP_ENDPOINT": otlp[1],
         "OTEL_EXPORTER_OTLP_INSECURE": "true",
     }

@@ -14,7 +14,6 @@ import json
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -33,6 +32,7 @@ from cairn_libs.stack import (
     REPO_ROOT,
     ServiceProcess,
     health_status,
+    stack_env,
     start_embedded_postgres,
     start_fake_provider,
     start_service,
@@ -45,20 +45,6 @@ STATE = REPO_ROOT / "state"
 PORTS = {"gateway": 50051, "retrieval": 50052, "memory": 50053, "orchestrator": 50054}
 OFFLINE_MODEL_PORT = 8089
 console = Console(width=max(Console().width, 120))
-
-
-def _env(pg_url: str, public_key: Path, private_key: Path) -> dict[str, str]:
-    return {
-        "DATABASE_URL": pg_url,
-        "CAIRN_JWT_PUBLIC_KEY_FILE": str(public_key),
-        "CAIRN_SERVICE_SIGNING_KEY_FILE": str(private_key),
-        "CAIRN_QDRANT_PATH": str(STATE / "qdrant"),
-        "CAIRN_OFFLINE_MODEL_URL": f"http://127.0.0.1:{OFFLINE_MODEL_PORT}/v1",
-        "CAIRN_AGENTS_DIR": str(REPO_ROOT / "agents"),
-        "CAIRN_GATEWAY_ADDR": f"127.0.0.1:{PORTS['gateway']}",
-        "CAIRN_RETRIEVAL_ADDR": f"127.0.0.1:{PORTS['retrieval']}",
-        "CAIRN_MEMORY_ADDR": f"127.0.0.1:{PORTS['memory']}",
-    }
 
 
 def _start_all(env: dict[str, str]) -> list[ServiceProcess]:
@@ -229,7 +215,14 @@ def main() -> int:
     console.print(f"[green]✓[/] PostgreSQL with pgvector at {pg_url}")
     processes: list[ServiceProcess] = []
     try:
-        processes = _start_all(_env(pg_url, public_key, private_key))
+        env = stack_env(
+            database_url=pg_url,
+            keys=(private_key, public_key),
+            qdrant_path=STATE / "qdrant",
+            model_url=f"http://127.0.0.1:{OFFLINE_MODEL_PORT}",
+            addresses={name: f"127.0.0.1:{port}" for name, port in PORTS.items()},
+        )
+        processes = _start_all(env)
         corpus = load_handbook()
         _ingest(corpus, issuer)
         for caller in corpus["callers"]:

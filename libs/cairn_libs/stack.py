@@ -37,6 +37,31 @@ def free_port() -> int:
         return port
 
 
+def stack_env(
+    *,
+    database_url: str,
+    keys: tuple[Path, Path],
+    qdrant_path: Path,
+    model_url: str,
+    addresses: Mapping[str, str],
+) -> dict[str, str]:
+    """What the four services need to find their database, keys, vector store, the
+    offline model and each other: the one wiring `make run`, the tests and the
+    benchmarks share. `keys` is (private, public) as generate_dev_keypair returns."""
+    private_key, public_key = keys
+    return {
+        "DATABASE_URL": database_url,
+        "CAIRN_JWT_PUBLIC_KEY_FILE": str(public_key),
+        "CAIRN_SERVICE_SIGNING_KEY_FILE": str(private_key),
+        "CAIRN_QDRANT_PATH": str(qdrant_path),
+        "CAIRN_OFFLINE_MODEL_URL": f"{model_url}/v1",
+        "CAIRN_AGENTS_DIR": str(REPO_ROOT / "agents"),
+        "CAIRN_GATEWAY_ADDR": addresses["gateway"],
+        "CAIRN_RETRIEVAL_ADDR": addresses["retrieval"],
+        "CAIRN_MEMORY_ADDR": addresses["memory"],
+    }
+
+
 def start_embedded_postgres(data_dir: Path) -> str:
     """Start (or reuse) pgserver's PostgreSQL in `data_dir`; return its URL.
 
