@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal, TypeAlias
@@ -510,17 +510,16 @@ class StepRecord:
     detail: Mapping[str, JSONValue]
     error: ErrorValue | None = None
 
+    def at(self, seq: int) -> Step:
+        """This record stored at its place in the run."""
+        return Step(seq=seq, **{f.name: getattr(self, f.name) for f in fields(StepRecord)})
 
-@dataclass(frozen=True, slots=True)
-class Step:
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Step(StepRecord):
+    """A step as stored: the record, at its place in the run."""
+
     seq: int
-    kind: StepKind
-    name: str
-    span_id: str
-    started_at: datetime
-    finished_at: datetime
-    detail: Mapping[str, JSONValue]
-    error: ErrorValue | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -394,16 +394,7 @@ class MemoryRunStore:
     ) -> Step:
         stored = self.runs[run_id]
         assert stored.run.org_id == org_id
-        saved = Step(
-            seq=len(stored.steps) + 1,
-            kind=step.kind,
-            name=step.name,
-            span_id=step.span_id,
-            started_at=step.started_at,
-            finished_at=step.finished_at,
-            detail=step.detail,
-            error=step.error,
-        )
+        saved = step.at(len(stored.steps) + 1)
         stored.steps.append(saved)
         if loop_state is not None:
             stored.loop_state = loop_state
