@@ -21,6 +21,7 @@ from cairn.retrieval.v1 import retrieval_pb2_grpc
 from cairn_libs.db import Database, database_url, load_migrations
 from cairn_libs.embedding import LOCAL_DIMENSIONS, Embedder
 from cairn_libs.stack import REPO_ROOT
+from cairn_retrieval.edge_store import EdgeVectorStore
 from cairn_retrieval.embedders import EmbeddingSpace, GatewayEmbedder, retrieval_embedder_from_env
 from cairn_retrieval.ingest import Ingestor
 from cairn_retrieval.postgres import ChunkStore
@@ -80,7 +81,11 @@ class RetrievalApp:
         await self._database.close()
 
 
-def vector_store_from_env(*, dimensions: int) -> QdrantVectorStore:
+def vector_store_from_env(*, dimensions: int) -> VectorStore:
+    """QDRANT_URL: a Qdrant server. Otherwise an embedded store in CAIRN_QDRANT_PATH
+    (default state/qdrant): CAIRN_QDRANT_ENGINE=edge (the default, Qdrant's engine
+    in-process) or local (qdrant-client's local mode, exact but slow past a few
+    thousand chunks)."""
     collection = os.environ.get("CAIRN_QDRANT_COLLECTION", DEFAULT_COLLECTION)
     url = os.environ.get("QDRANT_URL", "").strip()
     if url:
@@ -93,7 +98,17 @@ def vector_store_from_env(*, dimensions: int) -> QdrantVectorStore:
         )
     path = Path(os.environ.get("CAIRN_QDRANT_PATH", str(REPO_ROOT / "state" / "qdrant")))
     path.mkdir(parents=True, exist_ok=True)
-    return QdrantVectorStore(collection=collection, dimensions=dimensions, path=str(path))
+    engine = os.environ.get("CAIRN_QDRANT_ENGINE", "edge").strip().lower()
+    if engine == "edge":
+        return EdgeVectorStore(
+            path=str(path / "edge"), collection=collection, dimensions=dimensions
+        )
+    if engine == "local":
+        return QdrantVectorStore(collection=collection, dimensions=dimensions, path=str(path))
+    raise RuntimeError(
+        f"CAIRN_QDRANT_ENGINE={engine!r} is not an engine; use 'edge' or 'local', "
+        "or set QDRANT_URL for a Qdrant server"
+    )
 
 
 def app_from_env() -> RetrievalApp:

@@ -223,14 +223,25 @@ def content_hash(doc: IncomingDocument) -> str:
 
 
 def is_unchanged(
-    *, stored_embedding_model: str, ready_chunks: int, embedded_chunks: int, embedder_model: str
+    *,
+    stored_embedding_model: str,
+    stored_vector_store: str,
+    ready_chunks: int,
+    embedded_chunks: int,
+    embedder_model: str,
+    vector_store: str,
 ) -> bool:
     """Whether re-ingesting a document whose content hash is the stored one
     writes nothing: always without an embedder; with one, only when every
-    stored chunk already has a vector of that embedder's model."""
+    stored chunk already has a vector of that embedder's model, kept in the
+    vector store this deployment searches."""
     if not embedder_model:
         return True
-    return stored_embedding_model == embedder_model and embedded_chunks == ready_chunks
+    return (
+        stored_embedding_model == embedder_model
+        and stored_vector_store == vector_store
+        and embedded_chunks == ready_chunks
+    )
 
 
 def chunk_id_for(document_id: str, content_hash: str, ordinal: int) -> str:

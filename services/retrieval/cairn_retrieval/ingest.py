@@ -105,9 +105,11 @@ class Ingestor:
         if stored.content_hash == prepared.content_hash:
             if is_unchanged(
                 stored_embedding_model=stored.embedding_model,
+                stored_vector_store=stored.vector_store,
                 ready_chunks=stored.ready_chunks,
                 embedded_chunks=stored.embedded_chunks,
                 embedder_model=model_id,
+                vector_store=self._vectors.identity(),
             ):
                 return DocumentResult(
                     document_id,
@@ -149,7 +151,9 @@ class Ingestor:
                 return _vector_store_failed(document_id)
 
         published = await session.publish(
-            prepared, embedding_model=model_id if vectors is not None else ""
+            prepared,
+            embedding_model=model_id if vectors is not None else "",
+            vector_store=self._vectors.identity() if vectors is not None else "",
         )
         await self._forget_vectors(prepared.org_id, published.removed_embedded_chunk_ids)
         count = len(prepared.chunks)
@@ -196,6 +200,7 @@ class Ingestor:
             [chunk_id for chunk_id, _ in stored_chunks],
             vectors,
             embedding_model=self._embedder.model_id,
+            vector_store=self._vectors.identity(),
         )
         return DocumentResult(
             document_id,

@@ -76,6 +76,7 @@ class StoredVersion:
 
     content_hash: str | None
     embedding_model: str
+    vector_store: str
     ready_chunks: int
     embedded_chunks: int
     pending_chunk_ids: tuple[str, ...]
@@ -182,7 +183,7 @@ class DocumentSession:
     async def current(self) -> StoredVersion:
         with _translated():
             document = await self._conn.fetchrow(
-                "SELECT content_hash, embedding_model FROM documents "
+                "SELECT content_hash, embedding_model, vector_store FROM documents "
                 "WHERE org_id = $1 AND document_id = $2",
                 self.org_id,
                 self.document_id,
@@ -199,6 +200,7 @@ class DocumentSession:
         return StoredVersion(
             content_hash=document["content_hash"] if document is not None else None,
             embedding_model=document["embedding_model"] if document is not None else "",
+            vector_store=document["vector_store"] if document is not None else "",
             ready_chunks=int(row["ready"]),
             embedded_chunks=int(row["embedded"]),
             pending_chunk_ids=tuple(row["pending"]),
@@ -266,10 +268,13 @@ class DocumentSession:
                     embeddings,
                 )
 
-    async def publish(self, prepared: PreparedDocument, *, embedding_model: str) -> Published:
+    async def publish(
+        self, prepared: PreparedDocument, *, embedding_model: str, vector_store: str
+    ) -> Published:
         """Swap versions in one transaction: the old chunks, their postings and
         their share of the statistics go; the new chunks become ready with
-        theirs. `embedding_model` is '' when the new chunks have no vectors."""
+        theirs. `embedding_model` and `vector_store` are '' when the new chunks
+        have no vectors."""
         doc = prepared.document
         org_id = prepared.org_id
         with _translated():
@@ -316,13 +321,14 @@ class DocumentSession:
                 await _apply_statistics(self._conn, org_id, audiences, term_deltas)
                 await self._conn.execute(
                     "INSERT INTO documents (org_id, document_id, source, title, content_hash, acl, "
-                    "metadata, chunk_count, embedding_model) "
-                    "VALUES ($1, $2, $3, $4, $5, $6::text[], $7::jsonb, $8, $9) "
+                    "metadata, chunk_count, embedding_model, vector_store) "
+                    "VALUES ($1, $2, $3, $4, $5, $6::text[], $7::jsonb, $8, $9, $10) "
                     "ON CONFLICT (org_id, document_id) DO UPDATE SET source = EXCLUDED.source, "
                     "title = EXCLUDED.title, content_hash = EXCLUDED.content_hash, "
                     "acl = EXCLUDED.acl, metadata = EXCLUDED.metadata, "
                     "chunk_count = EXCLUDED.chunk_count, "
-                    "embedding_model = EXCLUDED.embedding_model, updated_at = now()",
+                    "embedding_model = EXCLUDED.embedding_model, "
+                    "vector_store = EXCLUDED.vector_store, updated_at = now()",
                     org_id,
                     doc.document_id,
                     doc.source,
@@ -332,6 +338,7 @@ class DocumentSession:
                     json.dumps(dict(doc.metadata), default=str),
                     len(prepared.chunks),
                     embedding_model,
+                    vector_store,
                 )
         return Published(
             removed_chunks=len(removed),
@@ -355,8 +362,10 @@ class DocumentSession:
         vectors: Sequence[Sequence[float]],
         *,
         embedding_model: str,
+        vector_store: str,
     ) -> None:
-        """Give the served chunks their vectors of `embedding_model`, in one transaction."""
+        """Give the served chunks their vectors of `embedding_model`, kept in
+        `vector_store`, in one transaction."""
         with _translated():
             async with self._conn.transaction():
                 await self._conn.execute(
@@ -370,11 +379,12 @@ class DocumentSession:
                     [vector_literal(v) for v in vectors],
                 )
                 await self._conn.execute(
-                    "UPDATE documents SET embedding_model = $3, updated_at = now() "
-                    "WHERE org_id = $1 AND document_id = $2",
+                    "UPDATE documents SET embedding_model = $3, vector_store = $4, "
+                    "updated_at = now() WHERE org_id = $1 AND document_id = $2",
                     self.org_id,
                     self.document_id,
                     embedding_model,
+                    vector_store,
                 )
 
     async def delete(self) -> int:

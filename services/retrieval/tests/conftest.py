@@ -1,6 +1,10 @@
 """Retrieval service processes for the tests: each a real `python -m
-cairn_retrieval` on the shared PostgreSQL, with Qdrant in local mode in its own
-temporary folder (local mode locks its folder to one process)."""
+cairn_retrieval` on the shared PostgreSQL, with an embedded Qdrant in its own
+temporary folder (either engine locks its folder to one process).
+
+The hybrid services run once per embedded engine, qdrant-client's local mode and
+Qdrant Edge, so every test of a hybrid service, the non-interference property
+among them, holds for both."""
 
 from __future__ import annotations
 
@@ -11,6 +15,9 @@ from pathlib import Path
 import asyncpg
 import grpc
 import pytest
+import qdrant_edge as qe
+from qdrant_client import AsyncQdrantClient
+from qdrant_client.http import models as qm
 
 from cairn.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from cairn_libs.clients import call_metadata
@@ -50,18 +57,60 @@ class RetrievalClient:
         self._channel.close()
 
 
+ENGINES = ("local", "edge")
+
+
 @dataclass
 class RunningRetrieval:
     process: ServiceProcess
     client: RetrievalClient
     qdrant_path: Path | None
+    engine: str
+
+    async def stored_points(self, org_id: str) -> list[tuple[str, dict[str, object]]]:
+        """(point id, payload) of every point of `org_id` in the embedded store.
+        Stop the process first: the store's folder is locked while it runs."""
+        assert self.qdrant_path is not None
+        if self.engine == "edge":
+            shard = qe.EdgeShard.load(str(self.qdrant_path / "edge" / "cairn_chunks"))
+            try:
+                records, _ = shard.scroll(
+                    qe.ScrollRequest(
+                        limit=1000,
+                        filter=qe.Filter(
+                            must=[qe.FieldCondition("org_id", match=qe.MatchValue(org_id))]
+                        ),
+                        with_payload=True,
+                    )
+                )
+            finally:
+                shard.close()
+            return [(str(r.id), dict(r.payload or {})) for r in records]
+        client = AsyncQdrantClient(path=str(self.qdrant_path))
+        try:
+            points, _ = await client.scroll(
+                "cairn_chunks",
+                scroll_filter=qm.Filter(
+                    must=[qm.FieldCondition(key="org_id", match=qm.MatchValue(value=org_id))]
+                ),
+                limit=1000,
+                with_payload=True,
+            )
+        finally:
+            await client.close()
+        return [(str(p.id), dict(p.payload or {})) for p in points]
 
 
 def start_retrieval(
-    service_env: dict[str, str], base: Path, name: str, **extra: str
+    service_env: dict[str, str], base: Path, name: str, *, engine: str = "edge", **extra: str
 ) -> RunningRetrieval:
     qdrant_path = base / "qdrant"
-    env = {**service_env, "CAIRN_QDRANT_PATH": str(qdrant_path), **extra}
+    env = {
+        **service_env,
+        "CAIRN_QDRANT_PATH": str(qdrant_path),
+        "CAIRN_QDRANT_ENGINE": engine,
+        **extra,
+    }
     process = start_service(
         "retrieval", port=free_port(), env=env, log_dir=base / "logs", suffix=f"-{name}"
     )
@@ -74,24 +123,40 @@ def start_retrieval(
         process=process,
         client=RetrievalClient(process.address),
         qdrant_path=None if "QDRANT_URL" in extra else qdrant_path,
+        engine=engine,
     )
 
 
 def _serve(
-    service_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory, name: str, **extra: str
+    service_env: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    *,
+    engine: str = "edge",
+    **extra: str,
 ) -> Iterator[RunningRetrieval]:
-    running = start_retrieval(service_env, tmp_path_factory.mktemp(name), name, **extra)
+    running = start_retrieval(
+        service_env, tmp_path_factory.mktemp(name), name, engine=engine, **extra
+    )
     yield running
     running.client.close()
     running.process.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", params=ENGINES, ids=[f"qdrant-{e}" for e in ENGINES])
 def retrieval(
-    service_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+    service_env: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
 ) -> Iterator[RunningRetrieval]:
-    """Hybrid: the local ONNX embedder and Qdrant local mode."""
-    yield from _serve(service_env, tmp_path_factory, "hybrid", CAIRN_EMBEDDER="local")
+    """Hybrid: the local ONNX embedder and an embedded Qdrant, once per engine."""
+    yield from _serve(
+        service_env,
+        tmp_path_factory,
+        f"hybrid-{request.param}",
+        engine=request.param,
+        CAIRN_EMBEDDER="local",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -117,11 +182,15 @@ def unreachable_qdrant_retrieval(
     )
 
 
-@pytest.fixture
-def private_retrieval(service_env: dict[str, str], tmp_path: Path) -> Iterator[RunningRetrieval]:
+@pytest.fixture(params=ENGINES, ids=[f"qdrant-{e}" for e in ENGINES])
+def private_retrieval(
+    service_env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[RunningRetrieval]:
     """A hybrid service of the test's own, so the test may stop it and open its
-    Qdrant folder to count points."""
-    running = start_retrieval(service_env, tmp_path, "private", CAIRN_EMBEDDER="local")
+    Qdrant folder to count points; once per engine."""
+    running = start_retrieval(
+        service_env, tmp_path, "private", engine=request.param, CAIRN_EMBEDDER="local"
+    )
     yield running
     running.client.close()
     running.process.stop()

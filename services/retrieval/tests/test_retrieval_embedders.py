@@ -35,19 +35,43 @@ def _document(document_id: str, text: str) -> retrieval_pb2.Document:
 NOTE = "The bicycle shed behind the east entrance is locked at nine every evening."
 
 
-def test_unchanged_means_same_content_and_vectors_of_the_configured_model() -> None:
-    assert is_unchanged(
-        stored_embedding_model="", ready_chunks=2, embedded_chunks=0, embedder_model=""
-    )
-    assert not is_unchanged(
-        stored_embedding_model="", ready_chunks=2, embedded_chunks=0, embedder_model="m"
-    )
-    assert not is_unchanged(
-        stored_embedding_model="old", ready_chunks=2, embedded_chunks=2, embedder_model="m"
-    )
-    assert is_unchanged(
-        stored_embedding_model="m", ready_chunks=2, embedded_chunks=2, embedder_model="m"
-    )
+def test_unchanged_means_same_content_and_vectors_of_the_configured_model_in_this_store() -> None:
+    def unchanged(model: str, store: str, embedded: int, embedder: str) -> bool:
+        return is_unchanged(
+            stored_embedding_model=model,
+            stored_vector_store=store,
+            ready_chunks=2,
+            embedded_chunks=embedded,
+            embedder_model=embedder,
+            vector_store="edge=/a cairn_chunks",
+        )
+
+    assert unchanged("", "", 0, "")
+    assert not unchanged("", "", 0, "m")
+    assert not unchanged("old", "edge=/a cairn_chunks", 2, "m")
+    assert not unchanged("m", "path=/b cairn_chunks", 2, "m")
+    assert not unchanged("m", "edge=/a cairn_chunks", 1, "m")
+    assert unchanged("m", "edge=/a cairn_chunks", 2, "m")
+
+
+def test_a_document_whose_vectors_are_in_another_store_is_written_to_this_one(
+    start_private: Callable[..., RunningRetrieval], org: Org
+) -> None:
+    before = start_private("before", engine="local", CAIRN_EMBEDDER="local")
+    first = before.client.ingest(org.ingester(), [_document("shed", NOTE)])
+    assert first[0].result.outcome == retrieval_pb2.DOCUMENT_OUTCOME_INGESTED
+    # The same database, but the deployment now searches another store.
+    after = start_private("after", engine="edge", CAIRN_EMBEDDER="local")
+
+    again = after.client.ingest(org.ingester(), [_document("shed", NOTE)])
+    once_more = after.client.ingest(org.ingester(), [_document("shed", NOTE)])
+
+    assert again[0].result.outcome == retrieval_pb2.DOCUMENT_OUTCOME_REPLACED
+    assert again[0].result.embedded_chunks == 1
+    assert once_more[0].result.outcome == retrieval_pb2.DOCUMENT_OUTCOME_UNCHANGED
+    answer = after.client.search(org.reader(groups=["staff"]), "when is it", ["handbook"])
+    assert answer.mode == retrieval_pb2.SEARCH_MODE_DENSE_ONLY
+    assert [r.document_id for r in answer.results] == ["shed"]
 
 
 def test_a_document_ingested_without_an_embedder_is_embedded_when_ingested_again_with_one(
@@ -84,7 +108,7 @@ def claimed_retrieval(
             await conn.execute(
                 "INSERT INTO retrieval.vector_collections (collection, model_id, dimensions) "
                 "VALUES ($1, 'some-other-model', 384)",
-                f"path={qdrant} cairn_chunks",
+                f"edge={qdrant / 'edge'} cairn_chunks",
             )
         finally:
             await conn.close()
