@@ -4,8 +4,14 @@ quality (nDCG@10, MRR@10) of keyword, dense and hybrid on documentation nobody
 on the team wrote.
 
 Everything runs in this process on the service's own classes (Ingestor,
-Searcher, ChunkStore, the Qdrant local-mode store) against the benchmark's
-embedded PostgreSQL: the figures are the service's work without the gRPC hop.
+Searcher, ChunkStore, the vector stores) against the benchmark's embedded
+PostgreSQL: the figures are the service's work without the gRPC hop.
+
+Dense and hybrid search are measured on both embedded engines: Qdrant Edge (the
+service's default) and qdrant-client's local mode (what the tests also run).
+A corpus is ingested once with both stores written, so the two engines hold the
+same points. Local mode filters point by point in Python, so it gets fewer
+queries at 100k chunks.
 
 Corpora (Debian packages, installed by `make bench-data`):
 - latency: the reStructuredText sources of the Python 3.11 documentation
@@ -52,14 +58,18 @@ from cairn_libs.identity import Principal
 from cairn_libs.stack import start_embedded_postgres
 from cairn_retrieval.app import MIGRATIONS, SCHEMA
 from cairn_retrieval.domain import DocumentAcl, IncomingDocument, Outcome, rank
+from cairn_retrieval.edge_store import EdgeVectorStore
 from cairn_retrieval.html_text import html_to_page
 from cairn_retrieval.ingest import Ingestor
 from cairn_retrieval.postgres import ChunkStore
 from cairn_retrieval.search import Searcher
 from cairn_retrieval.tokens import query_terms
-from cairn_retrieval.vectors import QdrantVectorStore
+from cairn_retrieval.vectors import QdrantVectorStore, VectorPoint, VectorStore
 
-CORPUS_VERSION = "v1"
+CORPUS_VERSION = "v2"
+ENGINES = ("edge", "local")
+# Model output by text hash; it depends on the model, not on how corpora are laid out.
+VECTOR_CACHE = "vectors-v1.pickle"
 PYTHON_DOCS = Path("/usr/share/doc/python3.11/html/_sources")
 POSTGRES_DOCS = Path("/usr/share/doc/postgresql-doc-15/html")
 HERE = STATE / "retrieval"
@@ -215,13 +225,78 @@ class Corpus:
     name: str
     org_id: str
     chunks: ChunkStore
-    vectors: QdrantVectorStore
+    engines: dict[str, VectorStore]
+
+    async def close(self) -> None:
+        for store in self.engines.values():
+            await store.close()
+
+
+def _stores(folder: Path) -> dict[str, VectorStore]:
+    return {
+        "edge": EdgeVectorStore(
+            path=str(folder / "edge"), collection="chunks", dimensions=LOCAL_DIMENSIONS
+        ),
+        "local": QdrantVectorStore(
+            collection="chunks", dimensions=LOCAL_DIMENSIONS, path=str(folder / "qdrant")
+        ),
+    }
+
+
+class BothStores:
+    """Writes go to every engine, so each holds the same points; the Ingestor
+    sees one store. The identity is the edge store's, the service's default."""
+
+    def __init__(self, stores: dict[str, VectorStore]) -> None:
+        self._stores = stores
+
+    def identity(self) -> str:
+        return self._stores["edge"].identity()
+
+    async def ensure_collection(self) -> None:
+        for store in self._stores.values():
+            await store.ensure_collection()
+
+    async def probe(self) -> bool:
+        return all([await store.probe() for store in self._stores.values()])
+
+    async def upsert(self, org_id: str, points: Sequence[VectorPoint]) -> None:
+        for store in self._stores.values():
+            await store.upsert(org_id, points)
+
+    async def search(
+        self, vector: Sequence[float], predicate: AclPredicate, *, limit: int
+    ) -> list[tuple[str, float]]:
+        raise NotImplementedError("the benchmark searches one engine at a time")
+
+    async def delete_chunks(self, org_id: str, chunk_ids: Sequence[str]) -> None:
+        for store in self._stores.values():
+            await store.delete_chunks(org_id, chunk_ids)
+
+    async def delete_document(self, org_id: str, document_id: str) -> None:
+        for store in self._stores.values():
+            await store.delete_document(org_id, document_id)
+
+    async def close(self) -> None:
+        for store in self._stores.values():
+            await store.close()
 
 
 async def _forget_org(db: Database, org_id: str) -> None:
     async with db.pool.acquire() as conn:
         for table in ("postings", "term_stats", "chunks", "documents", "audiences"):
             await conn.execute(f"DELETE FROM {table} WHERE org_id = $1", org_id)
+
+
+async def _forget_old_versions(db: Database) -> None:
+    """Corpora of earlier CORPUS_VERSIONs: their folders and their rows, which
+    would otherwise swell the tables every search reads."""
+    for folder in HERE.glob("*-v*"):
+        name, _, version = folder.name.rpartition("-")
+        if folder.is_dir() and version != CORPUS_VERSION:
+            console.print(f"  removing the old corpus {folder.name}")
+            await _forget_org(db, f"bench-{name}-{version}")
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _ingester(org_id: str) -> Principal:
@@ -256,31 +331,27 @@ async def _corpus(
     org_id = f"bench-{name}-{CORPUS_VERSION}"
     folder = HERE / f"{name}-{CORPUS_VERSION}"
     marker = folder / "complete"
-    vectors = QdrantVectorStore(
-        collection="chunks", dimensions=LOCAL_DIMENSIONS, path=str(folder / "qdrant")
-    )
     chunks = ChunkStore(db)
-    corpus = Corpus(name, org_id, chunks, vectors)
     if marker.exists():
-        return corpus
+        return Corpus(name, org_id, chunks, _stores(folder))
     console.print(f"[bold]building corpus {name}[/] (kept under {folder} for later runs)")
-    await vectors.close()
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     await _forget_org(db, org_id)
-    vectors = QdrantVectorStore(
-        collection="chunks", dimensions=LOCAL_DIMENSIONS, path=str(folder / "qdrant")
-    )
-    ingestor = Ingestor(chunks=chunks, vectors=vectors, embedder=cache)
+    stores = _stores(folder)
+    ingestor = Ingestor(chunks=chunks, vectors=BothStores(stores), embedder=cache)
     total = 0
     for number, documents in enumerate(copies):
         total += await _ingest(ingestor, org_id, documents, f"{name} copy {number}")
         cache.save()
+    edge = stores["edge"]
+    assert isinstance(edge, EdgeVectorStore)
+    await edge.optimize()  # as the service does every OPTIMIZE_AFTER writes
     async with db.pool.acquire() as conn:
         for table in ("chunks", "postings", "term_stats", "audiences", "documents"):
             await conn.execute(f"VACUUM ANALYZE {table}")
     marker.write_text(f"{total} chunks\n")
-    return Corpus(name, org_id, chunks, vectors)
+    return Corpus(name, org_id, chunks, stores)
 
 
 # ---------------------------------------------------------------- measuring
@@ -315,31 +386,20 @@ async def _measure_corpus(
     corpus: Corpus,
     embedder: LocalOnnxEmbedder,
     queries: Sequence[str],
-    dense_queries: Sequence[str],
+    local_mode_queries: Sequence[str],
     size: str,
 ) -> list[Figure]:
     figures: list[Figure] = []
-    keyword_searcher = Searcher(chunks=corpus.chunks, vectors=corpus.vectors, embedder=None)
-    hybrid_searcher = Searcher(chunks=corpus.chunks, vectors=corpus.vectors, embedder=embedder)
+    keyword_searcher = Searcher(chunks=corpus.chunks, vectors=corpus.engines["edge"], embedder=None)
     stats = await corpus.chunks.counts_by_source(corpus.org_id, model_id="")
     total_chunks = sum(s.chunks for s in stats)
     for share in (10, 50):
         reader = _reader(corpus.org_id, share)
         predicate = AclPredicate.for_caller(reader, [SOURCE])
-        params = {"chunks": total_chunks, "visible": f"{share}%", "k": 4}
+        params: dict[str, object] = {"chunks": total_chunks, "visible": f"{share}%", "k": 4}
 
         async def keyword(query: str, reader: Principal = reader) -> object:
             return await keyword_searcher.search(reader, query=query, sources=[SOURCE], k=4)
-
-        async def hybrid(query: str, reader: Principal = reader) -> object:
-            return await hybrid_searcher.search(reader, query=query, sources=[SOURCE], k=4)
-
-        async def dense(query: str, predicate: AclPredicate = predicate) -> object:
-            _, vector, ids = await hybrid_searcher.dense_candidates(query, predicate, limit=20)
-            records, similarity = await corpus.chunks.visible_chunks(
-                predicate, ids, query_vector=vector, model_id=embedder.model_id
-            )
-            return rank((cid, similarity[cid]) for cid in ids if cid in similarity)
 
         async def bm25_pruned(query: str, predicate: AclPredicate = predicate) -> object:
             return await corpus.chunks.bm25(predicate, query_terms(query), limit=20)
@@ -347,16 +407,38 @@ async def _measure_corpus(
         async def bm25_plain(query: str, predicate: AclPredicate = predicate) -> object:
             return await corpus.chunks.bm25_exhaustive(predicate, query_terms(query), limit=20)
 
-        cells: list[tuple[str, Callable[[str], Awaitable[object]], Sequence[str]]] = [
-            ("keyword", keyword, queries),
-            ("bm25_statement.exhaustive", bm25_plain, queries),
-            ("bm25_statement.audiences_maxscore", bm25_pruned, queries),
-            ("dense", dense, dense_queries),
-            ("hybrid", hybrid, dense_queries),
+        cells: list[tuple[str, Callable[[str], Awaitable[object]], Sequence[str], str]] = [
+            ("keyword", keyword, queries, ""),
+            ("bm25_statement.exhaustive", bm25_plain, queries, ""),
+            ("bm25_statement.audiences_maxscore", bm25_pruned, queries, ""),
         ]
-        for label, call, cell_queries in cells:
+        for engine in ENGINES:
+            searcher = Searcher(
+                chunks=corpus.chunks, vectors=corpus.engines[engine], embedder=embedder
+            )
+
+            async def hybrid(
+                query: str, reader: Principal = reader, searcher: Searcher = searcher
+            ) -> object:
+                return await searcher.search(reader, query=query, sources=[SOURCE], k=4)
+
+            async def dense(
+                query: str, predicate: AclPredicate = predicate, searcher: Searcher = searcher
+            ) -> object:
+                _, vector, ids = await searcher.dense_candidates(query, predicate, limit=20)
+                records, similarity = await corpus.chunks.visible_chunks(
+                    predicate, ids, query_vector=vector, model_id=embedder.model_id
+                )
+                return rank((cid, similarity[cid]) for cid in ids if cid in similarity)
+
+            engine_queries = queries if engine == "edge" else local_mode_queries
+            cells.append((f"dense.{engine}", dense, engine_queries, engine))
+            cells.append((f"hybrid.{engine}", hybrid, engine_queries, engine))
+        for label, call, cell_queries, engine in cells:
             samples = await _latencies(cell_queries, call)
             cell = {**params, "queries": len(cell_queries)}
+            if engine:
+                cell["engine"] = "qdrant-edge" if engine == "edge" else "qdrant-client local mode"
             for q in (50, 99):
                 figures.append(
                     Figure(
@@ -402,8 +484,8 @@ async def _ingest_throughput(
         org_id = f"bench-ingest-{label}-{os.getpid()}"
         folder = HERE / f"ingest-{os.getpid()}"
         shutil.rmtree(folder, ignore_errors=True)
-        vectors = QdrantVectorStore(
-            collection="chunks", dimensions=LOCAL_DIMENSIONS, path=str(folder)
+        vectors = EdgeVectorStore(
+            path=str(folder), collection="chunks", dimensions=LOCAL_DIMENSIONS
         )
         ingestor = Ingestor(
             chunks=ChunkStore(db), vectors=vectors, embedder=embedder if with_embedder else None
@@ -441,16 +523,31 @@ def _scores(pages: Sequence[str], relevant: str) -> tuple[float, float]:
     return 1 / math.log2(position + 1), 1 / position
 
 
+def _bootstrap_interval(
+    differences: Sequence[float], *, rounds: int = 2000, seed: int = 3
+) -> tuple[float, float]:
+    """A 95% paired-bootstrap interval of the mean of per-query differences."""
+    rng = random.Random(seed)
+    n = len(differences)
+    means = sorted(sum(rng.choices(differences, k=n)) / n for _ in range(rounds))
+    return means[int(0.025 * rounds)], means[int(0.975 * rounds) - 1]
+
+
 async def _quality(
-    corpus: Corpus, embedder: LocalOnnxEmbedder, items: Sequence[KnownItem]
+    corpus: Corpus,
+    embedder: LocalOnnxEmbedder,
+    items: Sequence[KnownItem],
+    *,
+    label: str,
+    params: dict[str, object],
 ) -> list[Figure]:
     reader = Principal(
         org_id=corpus.org_id, user_id="bench-reader", groups=tuple(f"g{i}" for i in range(GROUPS))
     )
     predicate = AclPredicate.for_caller(reader, [SOURCE])
-    searcher = Searcher(chunks=corpus.chunks, vectors=corpus.vectors, embedder=embedder)
+    searcher = Searcher(chunks=corpus.chunks, vectors=corpus.engines["edge"], embedder=embedder)
     depth = 30
-    totals = {"keyword": [0.0, 0.0], "dense": [0.0, 0.0], "hybrid": [0.0, 0.0]}
+    per_query: dict[str, list[tuple[float, float]]] = {"keyword": [], "dense": [], "hybrid": []}
     for item in items:
         keyword, _ = await corpus.chunks.bm25(predicate, query_terms(item.query), limit=depth)
         _, vector, ids = await searcher.dense_candidates(item.query, predicate, limit=depth)
@@ -465,22 +562,28 @@ async def _quality(
             "hybrid": [h.chunk.chunk_id for h in hybrid.results],
         }
         for mode, chunk_ids in lists.items():
-            ndcg, rr = _scores(_page_ranks(chunk_ids), item.document_id)
-            totals[mode][0] += ndcg
-            totals[mode][1] += rr
-    params = {
-        "corpus": "postgresql-doc-15 HTML, one document per page",
-        "queries": len(items),
-        "query": "unique h2/h3 section heading -> its page",
-        "chunks_retrieved": depth,
-    }
+            per_query[mode].append(_scores(_page_ranks(chunk_ids), item.document_id))
+    params = {**params, "queries": len(items), "chunks_retrieved": depth}
     figures = []
-    for mode, (ndcg, rr) in totals.items():
-        figures.append(Figure(f"retrieval.quality.{mode}.ndcg@10", ndcg / len(items), "", params))
-        figures.append(Figure(f"retrieval.quality.{mode}.mrr@10", rr / len(items), "", params))
-        console.print(
-            f"  quality {mode}: nDCG@10 {ndcg / len(items):.3f}, MRR@10 {rr / len(items):.3f}"
-        )
+    means: dict[str, float] = {}
+    for mode, scores in per_query.items():
+        means[mode] = sum(n for n, _ in scores) / len(items)
+        mrr = sum(r for _, r in scores) / len(items)
+        figures.append(Figure(f"retrieval.{label}.{mode}.ndcg@10", means[mode], "", params))
+        figures.append(Figure(f"retrieval.{label}.{mode}.mrr@10", mrr, "", params))
+        console.print(f"  {label} {mode}: nDCG@10 {means[mode]:.3f}, MRR@10 {mrr:.3f}")
+    best = max(("keyword", "dense"), key=lambda m: means[m])
+    differences = [
+        h - b for (h, _), (b, _) in zip(per_query["hybrid"], per_query[best], strict=True)
+    ]
+    low, high = _bootstrap_interval(differences)
+    gain = sum(differences) / len(differences)
+    interval = {**params, "against": best, "interval_95": [round(low, 4), round(high, 4)]}
+    figures.append(Figure(f"retrieval.{label}.hybrid_gain.ndcg@10", gain, "", interval))
+    console.print(
+        f"  {label} hybrid - {best}: nDCG@10 {gain:+.3f} (95% paired bootstrap {low:+.3f} .. "
+        f"{high:+.3f})"
+    )
     return figures
 
 
@@ -494,12 +597,19 @@ async def _quality_suite(
 ) -> list[Figure]:
     corpus = await _corpus(db, "pgdocs", [_incoming(documents)], cache)
     try:
-        # A fixed sample: every heading would take most of an hour of dense
-        # searches in Qdrant local mode.
         chosen = random.Random(11).sample(list(items), min(len(items), 60 if quick else 300))
-        return await _quality(corpus, embedder, chosen)
+        return await _quality(
+            corpus,
+            embedder,
+            chosen,
+            label="quality",
+            params={
+                "corpus": "postgresql-doc-15 HTML, one document per page",
+                "query": "unique h2/h3 section heading -> its page",
+            },
+        )
     finally:
-        await corpus.vectors.close()
+        await corpus.close()
 
 
 # ---------------------------------------------------------------- suite
@@ -522,10 +632,11 @@ async def run_retrieval(*, quick: bool = False) -> list[Figure]:
     if not await db.ready():
         raise RuntimeError(f"the benchmark database at {pg_url} did not answer")
     embedder = LocalOnnxEmbedder(threads=2)
-    cache = VectorCache(embedder, HERE / f"vectors-{CORPUS_VERSION}.pickle")
+    cache = VectorCache(embedder, HERE / VECTOR_CACHE)
     figures: list[Figure] = []
     corpora: list[Corpus] = []
     try:
+        await _forget_old_versions(db)
         python_documents, headings = python_docs()
         python_documents = _first_chunks(python_documents, 10_000)
         postgres_documents, items = postgres_docs()
@@ -543,10 +654,10 @@ async def run_retrieval(*, quick: bool = False) -> list[Figure]:
             )
             corpora.append(corpus)
             # Qdrant local mode filters point by point in Python (seconds per
-            # query at 100k): fewer dense queries keep the suite's time bounded.
-            dense_queries = queries[: 20 if quick else 40] if size == "10k" else queries[:10]
-            figures += await _measure_corpus(corpus, embedder, queries, dense_queries, size)
-            await corpus.vectors.close()
+            # query at 100k): fewer of its queries keep the suite's time bounded.
+            local_mode_queries = queries[: 20 if quick else 40] if size == "10k" else queries[:10]
+            figures += await _measure_corpus(corpus, embedder, queries, local_mode_queries, size)
+            await corpus.close()
             if number == 0:
                 figures += await _quality_suite(
                     db, cache, embedder, postgres_documents, items, quick
@@ -554,7 +665,7 @@ async def run_retrieval(*, quick: bool = False) -> list[Figure]:
     finally:
         cache.save()
         for corpus in corpora:
-            await corpus.vectors.close()
+            await corpus.close()
         await db.close()
     return figures
 
