@@ -5,10 +5,18 @@ A document's ACL is stored as one array of principal keys (`user:alice`,
 caller's org, in one of the requested sources, and its key array overlaps the
 caller's keys. The same three conditions are compiled to a SQL fragment and to a
 Qdrant filter, so the two stores cannot disagree about what a caller may see.
+
+They can also be folded into one condition: a point carries the reach keys of its
+document (one per ACL key: org, source and key together) and a caller asks for the
+reach keys of its predicate (one per source and principal key). The two sets meet
+exactly when all three conditions hold, and one payload index answers it, where
+three conditions cost an engine a lookup per candidate for the two that match
+nearly everything (org and source).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,6 +28,17 @@ from cairn_libs.identity import Principal
 ORG_FIELD = "org_id"
 SOURCE_FIELD = "source"
 ACL_FIELD = "acl"
+REACH_FIELD = "reach"
+
+
+def reach_key(org_id: str, source: str, key: str) -> str:
+    """One (org, source, ACL key) as one string; JSON, so no value can forge another."""
+    return json.dumps([org_id, source, key], separators=(",", ":"))
+
+
+def document_reach(org_id: str, source: str, acl: Sequence[str]) -> list[str]:
+    """The reach keys a document's points carry."""
+    return sorted({reach_key(org_id, source, key) for key in acl})
 
 
 def acl_keys(
@@ -67,6 +86,18 @@ class AclPredicate:
                 qm.FieldCondition(key=SOURCE_FIELD, match=qm.MatchAny(any=list(self.sources))),
                 qm.FieldCondition(key=ACL_FIELD, match=qm.MatchAny(any=list(self.principal_keys))),
             ]
+        )
+
+    def reach(self) -> list[str]:
+        """The reach keys this caller may meet: one per source and principal key."""
+        return sorted(
+            {reach_key(self.org_id, s, k) for s in self.sources for k in self.principal_keys}
+        )
+
+    def to_qdrant_reach_filter(self) -> qm.Filter:
+        """The same predicate as one condition on REACH_FIELD (see the module doc)."""
+        return qm.Filter(
+            must=[qm.FieldCondition(key=REACH_FIELD, match=qm.MatchAny(any=self.reach()))]
         )
 
     def admits(self, *, org_id: str, source: str, acl: Sequence[str]) -> bool:

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cairn_libs.acl import AclPredicate, acl_keys
+from cairn_libs.acl import AclPredicate, acl_keys, document_reach
 from cairn_libs.errors import InvalidInput
 from cairn_libs.identity import Principal
 
@@ -49,3 +49,33 @@ def test_a_caller_is_admitted_exactly_when_named_by_user_or_role(
     expected = caller in users or bool(set(caller_roles) & set(roles))
     assert predicate.admits(org_id="acme", source="s", acl=keys) is expected
     assert predicate.admits(org_id="other", source="s", acl=keys) is False
+
+
+tricky = st.sampled_from(["acme", "ac", "me", 'a"c', "a,b", "s", "s\x1fx", "", "user:ana"])
+
+
+@given(
+    doc_org=tricky,
+    doc_source=tricky,
+    doc_groups=st.lists(tricky, max_size=3),
+    caller_org=tricky.filter(bool),
+    caller_sources=st.lists(tricky.filter(bool), min_size=1, max_size=3),
+    caller_groups=st.lists(tricky, max_size=3),
+)
+def test_reach_keys_meet_exactly_when_the_three_conditions_hold(
+    doc_org: str,
+    doc_source: str,
+    doc_groups: list[str],
+    caller_org: str,
+    caller_sources: list[str],
+    caller_groups: list[str],
+) -> None:
+    predicate = AclPredicate.for_caller(
+        Principal(org_id=caller_org, user_id="ana", groups=tuple(caller_groups)), caller_sources
+    )
+    keys = acl_keys(groups=doc_groups)
+    meets = bool(set(document_reach(doc_org, doc_source, keys)) & set(predicate.reach()))
+    assert meets is predicate.admits(org_id=doc_org, source=doc_source, acl=keys)
+    (condition,) = predicate.to_qdrant_reach_filter().must  # type: ignore[misc]
+    assert condition.key == "reach"  # type: ignore[union-attr]
+    assert condition.match.any == predicate.reach()  # type: ignore[union-attr]

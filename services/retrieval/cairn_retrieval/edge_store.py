@@ -10,6 +10,15 @@ every org's points, so writing a document a caller cannot see could change which
 visible neighbours a walk of the graph finds. An exact filtered scan scores each
 visible point by itself, so the candidates are a function of the visible set.
 
+The ACL predicate is asked as one condition on reach keys (cairn_libs.acl): an
+exact scan with org, source and ACL as three conditions took 21 ms at 100k
+points and 50% visible, against 9 ms for the one indexed condition.
+
+The shard folder holds a store id made when the shard is created, and the store's
+identity carries it: a shard deleted and made again is another store, so
+documents whose points were in the old one are written again on re-ingest
+instead of reading as unchanged (see documents.vector_store).
+
 The engine's calls release the GIL, so each runs in a worker thread and the event
 loop stays free. Writes accumulate in an appendable segment; after
 OPTIMIZE_AFTER writes the shard is optimized (segments merged and made
@@ -22,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +40,14 @@ import qdrant_edge as qe
 import structlog
 from qdrant_client.http import models as qm
 
-from cairn_libs.acl import ACL_FIELD, ORG_FIELD, SOURCE_FIELD, AclPredicate
+from cairn_libs.acl import (
+    ACL_FIELD,
+    ORG_FIELD,
+    REACH_FIELD,
+    SOURCE_FIELD,
+    AclPredicate,
+    document_reach,
+)
 from cairn_retrieval.domain import point_id
 from cairn_retrieval.errors import VectorStoreUnavailable
 from cairn_retrieval.vectors import CHUNK_FIELD, DOCUMENT_FIELD, UPSERT_BATCH, VectorPoint
@@ -38,15 +55,16 @@ from cairn_retrieval.vectors import CHUNK_FIELD, DOCUMENT_FIELD, UPSERT_BATCH, V
 log = structlog.get_logger(__name__)
 
 OPTIMIZE_AFTER = 5_000
-INDEXED_FIELDS = (ORG_FIELD, SOURCE_FIELD, ACL_FIELD, DOCUMENT_FIELD)
+INDEXED_FIELDS = (REACH_FIELD, ORG_FIELD, DOCUMENT_FIELD)
+STORE_ID_FILE = "cairn-store-id"
 # Two segments after an optimize, so an exact scan runs on both cores.
 SEGMENTS = 2
 
 
 def edge_filter(query_filter: qm.Filter) -> qe.Filter:
-    """The same filter in Edge's classes. AclPredicate.to_qdrant_filter stays the
-    one definition of what a caller may see; this only changes its spelling, and
-    refuses any condition it does not know rather than dropping it."""
+    """The same filter in Edge's classes. AclPredicate stays the one definition of
+    what a caller may see; this only changes its spelling, and refuses any
+    condition it does not know rather than dropping it."""
 
     def conditions(items: Any) -> list[qe.FieldCondition] | None:
         if items is None:
@@ -91,7 +109,15 @@ class EdgeVectorStore:
         return f"edge={self._folder.parent}"
 
     def identity(self) -> str:
-        return f"{self.describe()} {self.collection}"
+        return f"{self.describe()} {self.collection} {self._store_id()}"
+
+    def _store_id(self) -> str:
+        """The id of the shard in the folder, made with it (before its segments)."""
+        marker = self._folder / STORE_ID_FILE
+        if not marker.exists() and not (self._folder / "segments").exists():
+            self._folder.mkdir(parents=True, exist_ok=True)
+            marker.write_text(uuid.uuid4().hex)
+        return marker.read_text().strip() if marker.exists() else "no-store-id"
 
     def _config(self) -> qe.EdgeConfig:
         return qe.EdgeConfig(
@@ -121,8 +147,15 @@ class EdgeVectorStore:
                     f"embedder's {self.dimensions} dimensions ({str(exc)[:160]}); point "
                     "CAIRN_QDRANT_COLLECTION at another collection"
                 ) from exc
+            if REACH_FIELD not in shard.info().payload_schema:
+                shard.close()
+                raise VectorStoreUnavailable(
+                    f"the shard {str(self._folder)!r} has no {REACH_FIELD!r} index, so it "
+                    "was made by an earlier cairn; point CAIRN_QDRANT_COLLECTION at a new "
+                    "collection and ingest again"
+                )
         else:
-            self._folder.mkdir(parents=True, exist_ok=True)
+            self._store_id()
             shard = qe.EdgeShard.create(str(self._folder), self._config())
             for field in INDEXED_FIELDS:
                 shard.update(
@@ -164,6 +197,7 @@ class EdgeVectorStore:
                 point_id(org_id, p.chunk_id),
                 [float(x) for x in p.vector],
                 {
+                    REACH_FIELD: document_reach(org_id, p.source, p.acl),
                     ORG_FIELD: org_id,
                     SOURCE_FIELD: p.source,
                     ACL_FIELD: list(p.acl),
@@ -190,7 +224,7 @@ class EdgeVectorStore:
         request = qe.QueryRequest(
             limit=limit,
             query=qe.Query.Nearest([float(x) for x in vector]),
-            filter=edge_filter(predicate.to_qdrant_filter()),
+            filter=edge_filter(predicate.to_qdrant_reach_filter()),
             with_payload=[CHUNK_FIELD],
             params=qe.SearchParams(exact=True),
         )

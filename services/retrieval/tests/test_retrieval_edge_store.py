@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 import qdrant_edge as qe
 from qdrant_client.http import models as qm
 
-from cairn_libs.acl import AclPredicate
+from cairn_libs.acl import AclPredicate, document_reach
 from cairn_libs.identity import Principal
 from cairn_retrieval import edge_store
 from cairn_retrieval.edge_store import EdgeVectorStore, edge_filter
@@ -115,6 +116,35 @@ async def test_a_shard_made_for_other_dimensions_is_refused_with_the_reason(
     assert not await other.probe()
 
 
+async def test_a_shard_made_again_in_the_same_folder_is_another_store(tmp_path: Path) -> None:
+    store = EdgeVectorStore(path=str(tmp_path), collection="chunks", dimensions=DIMENSIONS)
+    await store.upsert("org-a", _points(random.Random(2), 3))
+    first = store.identity()
+    await store.close()
+    assert (
+        EdgeVectorStore(path=str(tmp_path), collection="chunks", dimensions=DIMENSIONS).identity()
+        == first
+    )
+
+    shutil.rmtree(tmp_path / "chunks")
+    again = EdgeVectorStore(path=str(tmp_path), collection="chunks", dimensions=DIMENSIONS)
+    await again.ensure_collection()
+    await again.close()
+    assert again.identity() != first
+    assert again.identity().startswith(f"edge={tmp_path} chunks ")
+
+
+async def test_a_shard_without_reach_keys_is_refused_with_the_reason(tmp_path: Path) -> None:
+    older = qe.EdgeShard.create(
+        str(tmp_path / "chunks"),
+        qe.EdgeConfig(vectors=qe.EdgeVectorParams(size=DIMENSIONS, distance=qe.Distance.Cosine)),
+    )
+    older.close()
+    store = EdgeVectorStore(path=str(tmp_path), collection="chunks", dimensions=DIMENSIONS)
+    with pytest.raises(VectorStoreUnavailable, match="no 'reach' index.*ingest again"):
+        await store.ensure_collection()
+
+
 async def test_a_shard_held_by_another_process_reads_as_unavailable(tmp_path: Path) -> None:
     store = EdgeVectorStore(path=str(tmp_path), collection="chunks", dimensions=DIMENSIONS)
     await store.ensure_collection()
@@ -131,7 +161,7 @@ async def test_a_shard_held_by_another_process_reads_as_unavailable(tmp_path: Pa
         await store.close()
 
 
-def test_the_edge_filter_admits_exactly_what_the_predicate_admits(tmp_path: Path) -> None:
+def test_the_edge_filters_admit_exactly_what_the_predicate_admits(tmp_path: Path) -> None:
     rng = random.Random(13)
     shard = qe.EdgeShard.create(
         str(tmp_path / "shard"),
@@ -148,7 +178,16 @@ def test_the_edge_filter_admits_exactly_what_the_predicate_admits(tmp_path: Path
     shard.update(
         qe.UpdateOperation.upsert_points(
             [
-                qe.Point(i, [1.0, 0.5], {"org_id": org, "source": source, "acl": acl})
+                qe.Point(
+                    i,
+                    [1.0, 0.5],
+                    {
+                        "org_id": org,
+                        "source": source,
+                        "acl": acl,
+                        "reach": document_reach(org, source, acl),
+                    },
+                )
                 for i, org, source, acl in rows
             ]
         )
@@ -158,15 +197,16 @@ def test_the_edge_filter_admits_exactly_what_the_predicate_admits(tmp_path: Path
             groups = tuple(rng.sample(GROUPS, rng.randint(0, 3)))
             sources = rng.sample([*SOURCES, "ops"], rng.randint(1, 3))
             predicate = _predicate("org-a", groups, sources)
-            records, _ = shard.scroll(
-                qe.ScrollRequest(limit=1000, filter=edge_filter(predicate.to_qdrant_filter()))
-            )
             expected = {
                 i
                 for i, org, source, acl in rows
                 if predicate.admits(org_id=org, source=source, acl=acl)
             }
-            assert {int(r.id) for r in records} == expected  # type: ignore[call-overload]
+            for query_filter in (predicate.to_qdrant_filter(), predicate.to_qdrant_reach_filter()):
+                records, _ = shard.scroll(
+                    qe.ScrollRequest(limit=1000, filter=edge_filter(query_filter))
+                )
+                assert {int(r.id) for r in records} == expected  # type: ignore[call-overload]
     finally:
         shard.close()
 

@@ -15,7 +15,13 @@ import pytest
 
 from cairn.retrieval.v1 import retrieval_pb2
 from cairn_libs.embedding import LOCAL_MODEL_ID
-from cairn_libs.stack import ServiceProcess, free_port, start_service, wait_for_health
+from cairn_libs.stack import (
+    ServiceProcess,
+    free_port,
+    start_service,
+    wait_for_health,
+    wait_until,
+)
 from cairn_retrieval.domain import MODEL_MISMATCH_REASON, is_unchanged
 
 if TYPE_CHECKING:
@@ -102,18 +108,22 @@ def claimed_retrieval(
     """A hybrid service whose collection was claimed by another model first."""
     qdrant = tmp_path / "claimed" / "qdrant"
 
+    shard = qdrant / "edge" / "cairn_chunks"
+
     async def claim() -> None:
         conn = await asyncpg.connect(pg_url)
         try:
             await conn.execute(
                 "INSERT INTO retrieval.vector_collections (collection, model_id, dimensions) "
                 "VALUES ($1, 'some-other-model', 384)",
-                f"edge={qdrant / 'edge'} cairn_chunks",
+                f"edge={qdrant / 'edge'} cairn_chunks "
+                + (shard / "cairn-store-id").read_text().strip(),
             )
         finally:
             await conn.close()
 
     running = start_private("claimed", CAIRN_EMBEDDER="local")
+    wait_until(lambda: (shard / "segments").exists() or None, timeout=30)
     asyncio.run(claim())
     return running
 
