@@ -10,6 +10,7 @@ pending, replaced or deleted is never served.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 import structlog
@@ -19,6 +20,7 @@ from cairn_libs.acl import AclPredicate
 from cairn_libs.embedding import Embedder
 from cairn_libs.errors import InvalidInput
 from cairn_libs.identity import Principal
+from cairn_retrieval.bm25 import SearchTrace
 from cairn_retrieval.domain import (
     DenseStatus,
     SearchOutcome,
@@ -66,13 +68,11 @@ class Searcher:
         terms = query_terms(query)
         pool = candidate_pool(k)
 
-        with tracer.start_as_current_span("retrieval.keyword") as span:
-            keyword_hits, trace = await self._chunks.bm25(predicate, terms, limit=pool)
-            span.set_attribute("cairn.candidates", len(keyword_hits))
-            span.set_attribute("cairn.bm25.passes", trace.passes)
-            span.set_attribute("cairn.bm25.pruned", trace.pruned)
-        dense_status, query_vector, dense_ids = await self.dense_candidates(
-            query, predicate, limit=pool
+        # The two halves do not depend on each other: BM25 runs in PostgreSQL while
+        # the query is embedded and Qdrant scans, here in worker threads.
+        (keyword_hits, _), (dense_status, query_vector, dense_ids) = await asyncio.gather(
+            self._keyword_candidates(predicate, terms, limit=pool),
+            self.dense_candidates(query, predicate, limit=pool),
         )
         mode, reason = decide_mode(dense=dense_status, has_query_terms=bool(terms))
 
@@ -96,6 +96,16 @@ class Searcher:
             results=len(results),
         )
         return SearchOutcome(results=results, mode=mode, mode_reason=reason)
+
+    async def _keyword_candidates(
+        self, predicate: AclPredicate, terms: Sequence[str], *, limit: int
+    ) -> tuple[list[tuple[str, float]], SearchTrace]:
+        with tracer.start_as_current_span("retrieval.keyword") as span:
+            keyword_hits, trace = await self._chunks.bm25(predicate, terms, limit=limit)
+            span.set_attribute("cairn.candidates", len(keyword_hits))
+            span.set_attribute("cairn.bm25.passes", trace.passes)
+            span.set_attribute("cairn.bm25.pruned", trace.pruned)
+        return keyword_hits, trace
 
     async def dense_candidates(
         self, query: str, predicate: AclPredicate, *, limit: int
