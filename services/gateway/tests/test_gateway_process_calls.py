@@ -14,7 +14,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from cairn.gateway.v1 import gateway_pb2, gateway_pb2_grpc
-from cairn_libs.stack import ServiceProcess
+from cairn_libs.stack import ServiceProcess, wait_until
 from services.gateway.tests.gateway_support import (
     ALPHA_KEY,
     SpanCollector,
@@ -779,3 +779,38 @@ def test_each_attempt_is_a_chat_span_with_genai_attributes_and_no_prompt_or_key(
     everything = "".join(s.raw for s in span_collector.spans())
     assert "QZXW" not in everything and "disciplinary" not in everything
     assert ALPHA_KEY not in everything
+
+
+def test_a_refused_call_has_a_server_span_with_the_rpc_attributes_and_its_status(
+    stub: gateway_pb2_grpc.GatewayServiceStub,
+    metadata: Metadata,
+    span_collector: SpanCollector,
+) -> None:
+    refused = rpc_error(
+        lambda: stub.Chat(
+            pb.ChatRequest(max_tokens=-7, messages=[user("hi")]), metadata=metadata, timeout=10
+        )
+    )
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+    def refused_chat_spans() -> list[Any]:
+        return [
+            s
+            for s in span_collector.spans()
+            if s.name == "/cairn.gateway.v1.GatewayService/Chat"
+            and s.attributes.get("rpc.grpc.status_code")
+            == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        ]
+
+    try:
+        spans = wait_until(lambda: refused_chat_spans() or None, timeout=10)
+    except TimeoutError:
+        pytest.fail(f"no refused Chat server span; got {[s.name for s in span_collector.spans()]}")
+    span = spans[-1]
+    assert "SPAN_KIND_SERVER" in span.raw
+    assert span.attributes["rpc.system"] == "grpc"
+    assert span.attributes["rpc.service"] == "cairn.gateway.v1.GatewayService"
+    assert span.attributes["rpc.method"] == "Chat"
+    assert span.attributes["net.peer.name"] == "localhost"
+    # INVALID_ARGUMENT is the caller's doing: the span is not marked as an error.
+    assert span.status_code == 0
