@@ -229,18 +229,20 @@ class Router:
         redact = provider.redactor().with_prompt(request.messages)
         # Not made current: this generator yields to the servicer mid-span, and a
         # context attached across a yield would leak into the caller's code.
-        span = tracer.start_span(
-            span_name(route),
-            kind=SpanKind.CLIENT,
-            attributes=request_attributes(
-                route,
-                config,
-                request,
-                reasoning_effort=effort,
-                trace_content=self._trace_content,
-                retry_number=retry_number,
-            ),
-        )
+        span = tracer.start_span(span_name(route), kind=SpanKind.CLIENT)
+        # Attributes only for a span that is kept: with no collector configured
+        # nothing records them, and building them was measurable per call.
+        if span.is_recording():
+            span.set_attributes(
+                request_attributes(
+                    route,
+                    config,
+                    request,
+                    reasoning_effort=effort,
+                    trace_content=self._trace_content,
+                    retry_number=retry_number,
+                )
+            )
         started = time.perf_counter()
         grant: CeilingGrant | None = None
         try:
@@ -343,11 +345,12 @@ class Router:
             span.set_status(Status(StatusCode.ERROR, "attempt did not finish"))
             span.end()
             return
-        span.set_attributes(
-            result_attributes(attempt, record.completion, trace_content=self._trace_content)
-        )
-        if attempt.outcome is not Outcome.OK:
-            span.set_status(Status(StatusCode.ERROR, attempt.outcome.value))
+        if span.is_recording():
+            span.set_attributes(
+                result_attributes(attempt, record.completion, trace_content=self._trace_content)
+            )
+            if attempt.outcome is not Outcome.OK:
+                span.set_status(Status(StatusCode.ERROR, attempt.outcome.value))
         span.end()
         self._log_attempt(attempt, request)
 
