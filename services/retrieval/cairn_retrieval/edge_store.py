@@ -37,22 +37,25 @@ from pathlib import Path
 from typing import Any
 
 import qdrant_edge as qe
-import structlog
 from qdrant_client.http import models as qm
 
 from cairn_libs.acl import (
-    ACL_FIELD,
     ORG_FIELD,
     REACH_FIELD,
-    SOURCE_FIELD,
     AclPredicate,
     document_reach,
 )
 from cairn_retrieval.domain import point_id
 from cairn_retrieval.errors import VectorStoreUnavailable
-from cairn_retrieval.vectors import CHUNK_FIELD, DOCUMENT_FIELD, UPSERT_BATCH, VectorPoint
-
-log = structlog.get_logger(__name__)
+from cairn_retrieval.vectors import (
+    CHUNK_FIELD,
+    DOCUMENT_FIELD,
+    UPSERT_BATCH,
+    VectorPoint,
+    chunk_hits,
+    point_payload,
+    store_failed,
+)
 
 OPTIMIZE_AFTER = 5_000
 INDEXED_FIELDS = (REACH_FIELD, ORG_FIELD, DOCUMENT_FIELD)
@@ -169,17 +172,7 @@ class EdgeVectorStore:
         except VectorStoreUnavailable:
             raise
         except Exception as exc:
-            if log_failure:
-                log.warning(
-                    "vector_store.failed",
-                    operation=operation,
-                    store=self.describe(),
-                    error=type(exc).__name__,
-                    detail=str(exc)[:200],
-                )
-            raise VectorStoreUnavailable(
-                f"the vector store ({self.describe()}) failed on {operation}: {type(exc).__name__}"
-            ) from exc
+            raise store_failed(self.describe(), operation, exc, log_failure=log_failure) from exc
 
     async def probe(self) -> bool:
         try:
@@ -196,14 +189,7 @@ class EdgeVectorStore:
             qe.Point(
                 point_id(org_id, p.chunk_id),
                 [float(x) for x in p.vector],
-                {
-                    REACH_FIELD: document_reach(org_id, p.source, p.acl),
-                    ORG_FIELD: org_id,
-                    SOURCE_FIELD: p.source,
-                    ACL_FIELD: list(p.acl),
-                    DOCUMENT_FIELD: p.document_id,
-                    CHUNK_FIELD: p.chunk_id,
-                },
+                {REACH_FIELD: document_reach(org_id, p.source, p.acl), **point_payload(org_id, p)},
             )
             for p in points
         ]
@@ -229,12 +215,7 @@ class EdgeVectorStore:
             params=qe.SearchParams(exact=True),
         )
         points = await self._call("search", lambda: self._open().query(request))
-        hits: list[tuple[str, float]] = []
-        for point in points:
-            chunk_id = (point.payload or {}).get(CHUNK_FIELD)
-            if isinstance(chunk_id, str):
-                hits.append((chunk_id, float(point.score)))
-        return hits
+        return chunk_hits(points)
 
     async def delete_chunks(self, org_id: str, chunk_ids: Sequence[str]) -> None:
         if not chunk_ids:

@@ -10,9 +10,9 @@ keyword-only results with the reason stated (I11).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 from qdrant_client import AsyncQdrantClient
@@ -159,13 +159,7 @@ class QdrantVectorStore:
             qm.PointStruct(
                 id=point_id(org_id, p.chunk_id),
                 vector=list(p.vector),
-                payload={
-                    ORG_FIELD: org_id,
-                    SOURCE_FIELD: p.source,
-                    ACL_FIELD: list(p.acl),
-                    DOCUMENT_FIELD: p.document_id,
-                    CHUNK_FIELD: p.chunk_id,
-                },
+                payload=point_payload(org_id, p),
             )
             for p in points
         ]
@@ -192,12 +186,7 @@ class QdrantVectorStore:
             )
         except Exception as exc:
             raise self._unavailable("search", exc) from exc
-        hits: list[tuple[str, float]] = []
-        for point in response.points:
-            chunk_id = (point.payload or {}).get(CHUNK_FIELD)
-            if isinstance(chunk_id, str):
-                hits.append((chunk_id, float(point.score)))
-        return hits
+        return chunk_hits(response.points)
 
     async def delete_chunks(self, org_id: str, chunk_ids: Sequence[str]) -> None:
         if not chunk_ids:
@@ -242,14 +231,51 @@ class QdrantVectorStore:
     ) -> VectorStoreUnavailable:
         # A failed call may mean a server lost the collection; check again next time.
         self._collection_ready = False
-        if log_failure:
-            log.warning(
-                "vector_store.failed",
-                operation=operation,
-                store=self.describe(),
-                error=type(exc).__name__,
-                detail=str(exc)[:200],
-            )
-        return VectorStoreUnavailable(
-            f"the vector store ({self.describe()}) failed on {operation}: {type(exc).__name__}"
+        return store_failed(self.describe(), operation, exc, log_failure=log_failure)
+
+
+class _Scored(Protocol):
+    @property
+    def payload(self) -> Mapping[str, Any] | None: ...
+
+    @property
+    def score(self) -> float: ...
+
+
+def chunk_hits(points: Iterable[_Scored]) -> list[tuple[str, float]]:
+    """(chunk id, score) of the scored points, in the engine's order."""
+    hits: list[tuple[str, float]] = []
+    for point in points:
+        chunk_id = (point.payload or {}).get(CHUNK_FIELD)
+        if isinstance(chunk_id, str):
+            hits.append((chunk_id, float(point.score)))
+    return hits
+
+
+def point_payload(org_id: str, point: VectorPoint) -> dict[str, object]:
+    """What every point carries: the ACL predicate's fields, and its chunk."""
+    return {
+        ORG_FIELD: org_id,
+        SOURCE_FIELD: point.source,
+        ACL_FIELD: list(point.acl),
+        DOCUMENT_FIELD: point.document_id,
+        CHUNK_FIELD: point.chunk_id,
+    }
+
+
+def store_failed(
+    store: str, operation: str, exc: Exception, *, log_failure: bool = True
+) -> VectorStoreUnavailable:
+    """A vector store's failure, logged (once, by name and class, never data) and
+    translated for search to degrade on."""
+    if log_failure:
+        log.warning(
+            "vector_store.failed",
+            operation=operation,
+            store=store,
+            error=type(exc).__name__,
+            detail=str(exc)[:200],
         )
+    return VectorStoreUnavailable(
+        f"the vector store ({store}) failed on {operation}: {type(exc).__name__}"
+    )
