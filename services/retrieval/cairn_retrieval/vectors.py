@@ -2,10 +2,12 @@
 the caller's ACL predicate as the query filter, so the filter narrows the
 candidates during the search rather than trimming a top-k afterwards.
 
-Qdrant runs in local mode (`path=`, the same client API, exact search) by
-default and as a server when QDRANT_URL is set. Any failure of the client is
-translated here into VectorStoreUnavailable, which search turns into
-keyword-only results with the reason stated (I11).
+The VectorStore protocol, and its qdrant-client implementation: a Qdrant server
+when QDRANT_URL is set, or local mode (`path=`, the same client API, exact
+search) with CAIRN_QDRANT_ENGINE=local. The embedded default is the Qdrant Edge
+store in edge_store.py. Any failure of a store is translated into
+VectorStoreUnavailable, which search turns into keyword-only results with the
+reason stated (I11).
 """
 
 from __future__ import annotations
