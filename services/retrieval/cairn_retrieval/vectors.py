@@ -183,6 +183,9 @@ class QdrantVectorStore:
                 self.collection,
                 query=list(vector),
                 query_filter=predicate.to_qdrant_filter(),
+                # Exact on a server too: an HNSW walk over every org's points could
+                # find other visible neighbours after an invisible write (I2).
+                search_params=qm.SearchParams(exact=True),
                 limit=limit,
                 with_payload=[CHUNK_FIELD],
             )
