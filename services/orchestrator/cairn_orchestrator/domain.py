@@ -10,11 +10,11 @@ confirmation can resume the run from where it stopped, with nothing replayed).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, Self, TypeAlias, cast
 
 JSONValue: TypeAlias = Any
 """A value json.dumps accepts; kept as Any because JSON is recursive."""
@@ -59,6 +59,29 @@ class StepKind(StrEnum):
     CONVERSATION_ARCHIVE = "CONVERSATION_ARCHIVE"
 
 
+_SCALARS: dict[str, Callable[[Any], Any]] = {"str": str, "int": int, "float": float, "bool": bool}
+
+
+class JsonRecord:
+    """A flat record (str, int, float and bool fields) stored as the JSON object of
+    its fields. Read back, each value is coerced to its field's type; a field with
+    a default may be missing (a row written before the field existed), one without
+    must be there. One definition, so a new field cannot be written but not read."""
+
+    __slots__ = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(cast(Any, self))}
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Self:
+        arguments: dict[str, Any] = {}
+        for f in fields(cast(Any, cls)):
+            found = value[f.name] if f.name in value or f.default is MISSING else f.default
+            arguments[f.name] = _SCALARS[str(f.type)](found)
+        return cls(**arguments)
+
+
 @dataclass(frozen=True, slots=True)
 class Budgets:
     tokens: int
@@ -80,14 +103,11 @@ class AgentSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class ErrorValue:
+class ErrorValue(JsonRecord):
     """A failure as data (I3): what the loop records and what the model reads."""
 
     code: str
     message: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"code": self.code, "message": self.message}
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,21 +123,10 @@ class CallCredentials:
 
 
 @dataclass(frozen=True, slots=True)
-class ToolCallRequest:
+class ToolCallRequest(JsonRecord):
     id: str
     name: str
     arguments_json: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"id": self.id, "name": self.name, "arguments_json": self.arguments_json}
-
-    @classmethod
-    def from_json(cls, value: Mapping[str, Any]) -> ToolCallRequest:
-        return cls(
-            id=str(value["id"]),
-            name=str(value["name"]),
-            arguments_json=str(value["arguments_json"]),
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,37 +193,20 @@ class ModelRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class TokenUsage:
+class TokenUsage(JsonRecord):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
 
-    def to_json(self) -> dict[str, int]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.total_tokens,
-        }
-
 
 @dataclass(frozen=True, slots=True)
-class ModelAttempt:
+class ModelAttempt(JsonRecord):
     provider: str
     model: str
     outcome: str
     http_status: int
     latency_ms: float
     detail: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "provider": self.provider,
-            "model": self.model,
-            "outcome": self.outcome,
-            "http_status": self.http_status,
-            "latency_ms": self.latency_ms,
-            "detail": self.detail,
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +220,7 @@ class ModelReply:
 
 
 @dataclass(frozen=True, slots=True)
-class RunUsage:
+class RunUsage(JsonRecord):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
@@ -244,29 +236,12 @@ class RunUsage:
             model_calls=self.model_calls + 1,
         )
 
-    def to_json(self) -> dict[str, int]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.total_tokens,
-            "model_calls": self.model_calls,
-        }
-
-    @classmethod
-    def from_json(cls, value: Mapping[str, Any]) -> RunUsage:
-        return cls(
-            **{
-                k: int(value.get(k, 0))
-                for k in ("prompt_tokens", "completion_tokens", "total_tokens", "model_calls")
-            }
-        )
-
 
 # ---------------------------------------------------------------- knowledge and memory
 
 
 @dataclass(frozen=True, slots=True)
-class KnowledgeChunk:
+class KnowledgeChunk(JsonRecord):
     document_id: str
     chunk_id: str
     source: str
@@ -277,35 +252,6 @@ class KnowledgeChunk:
     bm25_score: float = 0.0
     dense_score: float = 0.0
     fused_score: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "document_id": self.document_id,
-            "chunk_id": self.chunk_id,
-            "source": self.source,
-            "title": self.title,
-            "char_start": self.char_start,
-            "char_end": self.char_end,
-            "text": self.text,
-            "bm25_score": self.bm25_score,
-            "dense_score": self.dense_score,
-            "fused_score": self.fused_score,
-        }
-
-    @classmethod
-    def from_json(cls, value: Mapping[str, Any]) -> KnowledgeChunk:
-        return cls(
-            document_id=str(value["document_id"]),
-            chunk_id=str(value["chunk_id"]),
-            source=str(value["source"]),
-            title=str(value["title"]),
-            char_start=int(value["char_start"]),
-            char_end=int(value["char_end"]),
-            text=str(value["text"]),
-            bm25_score=float(value.get("bm25_score", 0.0)),
-            dense_score=float(value.get("dense_score", 0.0)),
-            fused_score=float(value.get("fused_score", 0.0)),
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -443,7 +389,7 @@ class ArchivedBlock:
 
 
 @dataclass(frozen=True, slots=True)
-class Citation:
+class Citation(JsonRecord):
     label: str
     document_id: str
     chunk_id: str
@@ -451,29 +397,6 @@ class Citation:
     title: str
     char_start: int
     char_end: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "label": self.label,
-            "document_id": self.document_id,
-            "chunk_id": self.chunk_id,
-            "source": self.source,
-            "title": self.title,
-            "char_start": self.char_start,
-            "char_end": self.char_end,
-        }
-
-    @classmethod
-    def from_json(cls, value: Mapping[str, Any]) -> Citation:
-        return cls(
-            label=str(value["label"]),
-            document_id=str(value["document_id"]),
-            chunk_id=str(value["chunk_id"]),
-            source=str(value["source"]),
-            title=str(value["title"]),
-            char_start=int(value["char_start"]),
-            char_end=int(value["char_end"]),
-        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,9 +3,11 @@ resolving citations, all without a network."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from datetime import UTC, datetime
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -16,6 +18,7 @@ from cairn_orchestrator.domain import (
     Budgets,
     ConfirmationCard,
     ConversationTurn,
+    KnowledgeChunk,
     LabelBook,
     LabelledChunk,
     LoopState,
@@ -371,3 +374,23 @@ def test_the_turn_after_tool_calls_is_pinned_to_the_provider_that_made_them() ->
     assert state.last_provider
     assert request.pinned_provider == state.last_provider
     assert LoopState.from_json(state.to_json()).last_provider == state.last_provider
+
+
+def test_a_stored_loop_state_reads_back_whole_and_an_old_row_reads_with_defaults() -> None:
+    state, _ = planned_after(tool_calls(("search_knowledge", '{"query":"leave"}')))
+    state = replace(
+        state,
+        knowledge=labelled(1, 2),
+        usage=RunUsage(prompt_tokens=7, completion_tokens=3, total_tokens=10, model_calls=1),
+    )
+    assert LoopState.from_json(json.loads(json.dumps(state.to_json()))) == state
+
+    stored = state.knowledge[0].chunk.to_json()
+    older = {k: v for k, v in stored.items() if not k.endswith("_score")}
+    older["char_start"] = str(older["char_start"])  # coerced to the field's type
+    read = KnowledgeChunk.from_json(older)
+    assert (read.bm25_score, read.dense_score, read.fused_score) == (0.0, 0.0, 0.0)
+    assert read.char_start == state.knowledge[0].chunk.char_start
+    assert RunUsage.from_json({}) == RunUsage()
+    with pytest.raises(KeyError, match="title"):
+        KnowledgeChunk.from_json({k: v for k, v in stored.items() if k != "title"})
