@@ -19,8 +19,9 @@ import json
 import secrets
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import structlog
 from aiohttp import web
@@ -191,6 +192,7 @@ class ProviderState:
 
 
 STATE_KEY = web.AppKey("provider_state", ProviderState)
+T = TypeVar("T")
 
 
 def openai_error(
@@ -330,7 +332,11 @@ async def _malformed(request: web.Request, chat: ChatRequest) -> web.StreamRespo
     return response
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
+async def _admitted(
+    request: web.Request, parse: Callable[[Any], T]
+) -> tuple[ProviderState, ReceivedRequest, T] | web.Response:
+    """Every vendor endpoint's start: record the request, check its key, parse its
+    JSON body; or the refusal a vendor would send."""
     state = request.app[STATE_KEY]
     entry = state.record(request, await request.read())
     refusal = _refuse_key(request, state.settings)
@@ -343,10 +349,17 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                 "We could not parse the JSON body of your request; send a JSON object.",
                 code="invalid_json",
             )
-        chat = parse_chat_request(entry.body)
+        return state, entry, parse(entry.body)
     except RequestRejected as exc:
         entry.handled_as = "rejected"
         return _rejection(exc, code=exc.code)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    admitted = await _admitted(request, parse_chat_request)
+    if isinstance(admitted, web.Response):
+        return admitted
+    state, entry, chat = admitted
 
     step = state.next_step()
     entry.handled_as = "default" if step is None else step.action
@@ -374,22 +387,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE_KEY]
-    entry = state.record(request, await request.read())
-    refusal = _refuse_key(request, state.settings)
-    if refusal is not None:
-        entry.handled_as = "unauthorized"
-        return refusal
-    try:
-        if not entry.body_is_json:
-            raise RequestRejected(
-                "We could not parse the JSON body of your request; send a JSON object.",
-                code="invalid_json",
-            )
-        parsed = parse_embeddings_request(entry.body)
-    except RequestRejected as exc:
-        entry.handled_as = "rejected"
-        return _rejection(exc, code=exc.code)
+    admitted = await _admitted(request, parse_embeddings_request)
+    if isinstance(admitted, web.Response):
+        return admitted
+    state, entry, parsed = admitted
     entry.handled_as = "embeddings"
     await _latency(state.settings)
     return web.json_response(render_embeddings(parsed))
