@@ -107,6 +107,7 @@ class EdgeVectorStore:
         self._writes_since_optimize = 0
         self._optimizing = asyncio.Lock()
         self._opening = threading.Lock()
+        self._id: str | None = None
 
     def describe(self) -> str:
         return f"edge={self._folder.parent}"
@@ -115,12 +116,15 @@ class EdgeVectorStore:
         return f"{self.describe()} {self.collection} {self._store_id()}"
 
     def _store_id(self) -> str:
-        """The id of the shard in the folder, made with it (before its segments)."""
-        marker = self._folder / STORE_ID_FILE
-        if not marker.exists() and not (self._folder / "segments").exists():
-            self._folder.mkdir(parents=True, exist_ok=True)
-            marker.write_text(uuid.uuid4().hex)
-        return marker.read_text().strip() if marker.exists() else "no-store-id"
+        """The id of the shard in the folder, made with it (before its segments);
+        read once, since every ingested document asks for the identity."""
+        if self._id is None:
+            marker = self._folder / STORE_ID_FILE
+            if not marker.exists() and not (self._folder / "segments").exists():
+                self._folder.mkdir(parents=True, exist_ok=True)
+                marker.write_text(uuid.uuid4().hex)
+            self._id = marker.read_text().strip() if marker.exists() else "no-store-id"
+        return self._id
 
     def _config(self) -> qe.EdgeConfig:
         return qe.EdgeConfig(
