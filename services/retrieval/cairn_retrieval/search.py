@@ -20,7 +20,6 @@ from cairn_libs.acl import AclPredicate
 from cairn_libs.embedding import Embedder
 from cairn_libs.errors import InvalidInput
 from cairn_libs.identity import Principal
-from cairn_retrieval.bm25 import SearchTrace
 from cairn_retrieval.domain import (
     DenseStatus,
     SearchOutcome,
@@ -70,7 +69,7 @@ class Searcher:
 
         # The two halves do not depend on each other: BM25 runs in PostgreSQL while
         # the query is embedded and Qdrant scans, here in worker threads.
-        (keyword_hits, _), (dense_status, query_vector, dense_ids) = await asyncio.gather(
+        keyword_hits, (dense_status, query_vector, dense_ids) = await asyncio.gather(
             self._keyword_candidates(predicate, terms, limit=pool),
             self.dense_candidates(query, predicate, limit=pool),
         )
@@ -99,13 +98,13 @@ class Searcher:
 
     async def _keyword_candidates(
         self, predicate: AclPredicate, terms: Sequence[str], *, limit: int
-    ) -> tuple[list[tuple[str, float]], SearchTrace]:
+    ) -> list[tuple[str, float]]:
         with tracer.start_as_current_span("retrieval.keyword") as span:
             keyword_hits, trace = await self._chunks.bm25(predicate, terms, limit=limit)
             span.set_attribute("cairn.candidates", len(keyword_hits))
             span.set_attribute("cairn.bm25.passes", trace.passes)
             span.set_attribute("cairn.bm25.pruned", trace.pruned)
-        return keyword_hits, trace
+        return keyword_hits
 
     async def dense_candidates(
         self, query: str, predicate: AclPredicate, *, limit: int
