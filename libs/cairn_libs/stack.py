@@ -11,7 +11,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TypeVar
@@ -153,6 +154,20 @@ def start_service(
         log_dir=log_dir,
         address=f"127.0.0.1:{port}",
     )
+
+
+@contextmanager
+def serving(
+    service: str, *, env: Mapping[str, str], log_dir: Path, suffix: str = "", timeout: float = 60.0
+) -> Iterator[ServiceProcess]:
+    """A service process on a free port, SERVING before it is handed over and
+    stopped afterwards, also when it never became healthy."""
+    proc = start_service(service, port=free_port(), env=env, log_dir=log_dir, suffix=suffix)
+    try:
+        wait_for_health(proc, timeout=timeout)
+        yield proc
+    finally:
+        proc.stop()
 
 
 def start_fake_provider(

@@ -17,9 +17,8 @@ from cairn_libs.identity import TokenIssuer
 from cairn_libs.stack import (
     ServiceProcess,
     free_port,
+    serving,
     start_fake_provider,
-    start_service,
-    wait_for_health,
     wait_for_http,
 )
 from services.gateway.tests.gateway_support import (
@@ -69,24 +68,16 @@ def gateway(
 ) -> Iterator[ServiceProcess]:
     config = session_logs / "providers.yaml"
     config.write_text(provider_yaml(vendors))
-    proc = start_service(
-        "gateway",
-        port=free_port(),
-        env={
-            **service_env,
-            "CAIRN_GATEWAY_CONFIG": str(config),
-            "CAIRN_TEST_ALPHA_KEY": ALPHA_KEY,
-            "CAIRN_EMBEDDER": "local",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": span_collector.endpoint,
-            "OTEL_EXPORTER_OTLP_INSECURE": "true",
-        },
-        log_dir=session_logs,
-    )
-    try:
-        wait_for_health(proc)
+    env = {
+        **service_env,
+        "CAIRN_GATEWAY_CONFIG": str(config),
+        "CAIRN_TEST_ALPHA_KEY": ALPHA_KEY,
+        "CAIRN_EMBEDDER": "local",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": span_collector.endpoint,
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+    }
+    with serving("gateway", env=env, log_dir=session_logs) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -23,7 +23,7 @@ import grpc
 import pytest
 
 from cairn.gateway.v1 import gateway_pb2, gateway_pb2_grpc
-from cairn_libs.stack import ServiceProcess, free_port, start_service, wait_for_health
+from cairn_libs.stack import ServiceProcess, free_port, serving
 from services.gateway.tests.gateway_support import ALPHA_KEY, Vendors, user
 from services.gateway.tests.test_gateway_process_calls import (
     outcomes,
@@ -58,18 +58,9 @@ def matrix_gateway(
         f"  - name: beta\n    base_url: {vendors.beta.url}/v1\n{resilience}"
         "    models: {balanced: beta-balanced, fast: via-dead}\n"
     )
-    proc = start_service(
-        "gateway",
-        port=free_port(),
-        env={**service_env, "CAIRN_GATEWAY_CONFIG": str(config), "CAIRN_TEST_ALPHA_KEY": ALPHA_KEY},
-        log_dir=session_logs,
-        suffix="-matrix",
-    )
-    try:
-        wait_for_health(proc)
+    env = {**service_env, "CAIRN_GATEWAY_CONFIG": str(config), "CAIRN_TEST_ALPHA_KEY": ALPHA_KEY}
+    with serving("gateway", env=env, log_dir=session_logs, suffix="-matrix") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

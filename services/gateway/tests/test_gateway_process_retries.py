@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from cairn.gateway.v1 import gateway_pb2, gateway_pb2_grpc
-from cairn_libs.stack import ServiceProcess, free_port, start_service, wait_for_health
+from cairn_libs.stack import ServiceProcess, serving
 from services.gateway.tests.gateway_support import ALPHA_KEY, FakeVendor, Vendors, user
 from services.gateway.tests.test_gateway_process_calls import (
     outcomes,
@@ -56,18 +56,9 @@ def retry_gateway(
         )
     config = session_logs / "retries.yaml"
     config.write_text("\n".join(lines) + "\n")
-    proc = start_service(
-        "gateway",
-        port=free_port(),
-        env={**service_env, "CAIRN_GATEWAY_CONFIG": str(config), "CAIRN_TEST_ALPHA_KEY": ALPHA_KEY},
-        log_dir=session_logs,
-        suffix="-retries",
-    )
-    try:
-        wait_for_health(proc)
+    env = {**service_env, "CAIRN_GATEWAY_CONFIG": str(config), "CAIRN_TEST_ALPHA_KEY": ALPHA_KEY}
+    with serving("gateway", env=env, log_dir=session_logs, suffix="-retries") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from cairn.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from cairn_libs.stack import (
     ServiceProcess,
     free_port,
+    serving,
     start_fake_provider,
     start_service,
     wait_for_health,
@@ -46,23 +47,14 @@ def offline_vendor(module_logs: Path) -> Iterator[FakeVendor]:
 def offline_gateway(
     offline_vendor: FakeVendor, service_env: dict[str, str], module_logs: Path
 ) -> Iterator[ServiceProcess]:
-    proc = start_service(
-        "gateway",
-        port=free_port(),
-        env={
-            **service_env,
-            "CAIRN_GATEWAY_CONFIG": "",
-            "CAIRN_OFFLINE_MODEL_URL": f"{offline_vendor.url}/v1",
-            "CAIRN_EMBEDDER": "none",
-        },
-        log_dir=module_logs,
-        suffix="-offline",
-    )
-    try:
-        wait_for_health(proc)
+    env = {
+        **service_env,
+        "CAIRN_GATEWAY_CONFIG": "",
+        "CAIRN_OFFLINE_MODEL_URL": f"{offline_vendor.url}/v1",
+        "CAIRN_EMBEDDER": "none",
+    }
+    with serving("gateway", env=env, log_dir=module_logs, suffix="-offline") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def test_with_no_provider_file_the_offline_demo_model_answers_and_says_so(

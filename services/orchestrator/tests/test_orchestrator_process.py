@@ -27,7 +27,7 @@ from cairn.orchestrator.v1 import orchestrator_pb2_grpc
 from cairn.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from cairn_libs.clients import call_metadata
 from cairn_libs.identity import TokenIssuer, TokenVerifier, generate_dev_keypair
-from cairn_libs.stack import ServiceProcess, free_port, start_service, wait_for_health
+from cairn_libs.stack import ServiceProcess, free_port, serving
 
 HEX16 = set("0123456789abcdef")
 
@@ -172,12 +172,8 @@ def _orchestrator(
     service_env: dict[str, str], log_dir: Path, *, suffix: str, **addresses: str
 ) -> Iterator[ServiceProcess]:
     env = {**service_env, **addresses}
-    proc = start_service("orchestrator", port=free_port(), env=env, log_dir=log_dir, suffix=suffix)
-    try:
-        wait_for_health(proc, timeout=60)
+    with serving("orchestrator", env=env, log_dir=log_dir, suffix=suffix) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")
