@@ -21,6 +21,22 @@ from cairn_libs.errors import DependencyUnavailable
 
 log = structlog.get_logger("cairn.db")
 
+# Every way a database that is down, restarting or unreachable shows itself through
+# asyncpg. Each service's adapter translates these into its own "unavailable" error
+# (UNAVAILABLE to callers, a true reason in a run). InternalClientError is listed
+# because a server restart mid-protocol surfaces as one ("got result for unknown
+# protocol state"), and it derives from neither PostgresError nor InterfaceError.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+)
+
 
 @dataclass(frozen=True, slots=True)
 class Migration:
@@ -123,7 +139,7 @@ class Database:
             async with pool.acquire(timeout=2) as conn:
                 await conn.fetchval("SELECT 1", timeout=2)
             return True
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+        except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
             log.warning("db.unreachable", schema=self.schema, error=type(exc).__name__)
             return False
 

@@ -4,11 +4,18 @@ service process needs. Loaded with `-p cairn_libs.pytest_plugin` (pyproject).
 
 Tests isolate themselves with a fresh org id (`new_org`) rather than a fresh
 database, so the server starts once per run.
+
+Each run keeps its state (database, keys) in a folder of its own under the system
+temp dir and stops its PostgreSQL when the session ends: a fixed shared folder let
+two checkouts testing at once share one database and one key pair, and let a later
+run silently reuse a server started from another checkout's binaries.
+`CAIRN_TEST_STATE` names a folder to use instead (kept afterwards, server stopped).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -17,22 +24,35 @@ from pathlib import Path
 import pytest
 
 from cairn_libs.identity import TokenIssuer, generate_dev_keypair
-from cairn_libs.stack import start_embedded_postgres
-
-TEST_STATE = Path(
-    os.environ.get("CAIRN_TEST_STATE", Path(tempfile.gettempdir()) / "cairn-test-state")
-)
+from cairn_libs.stack import start_embedded_postgres, stop_embedded_postgres
 
 
 @pytest.fixture(scope="session")
-def state_dir() -> Path:
-    TEST_STATE.mkdir(parents=True, exist_ok=True)
-    return TEST_STATE
+def state_dir() -> Iterator[Path]:
+    chosen = os.environ.get("CAIRN_TEST_STATE")
+    if chosen:
+        path = Path(chosen)
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    # Short on purpose: PostgreSQL's socket lives under it, and a socket path is
+    # limited to about 100 bytes.
+    path = Path(tempfile.mkdtemp(prefix="cairn-test-"))
+    # As root, pgserver runs PostgreSQL as the user `pgserver`, which must reach it.
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
-def pg_url(state_dir: Path) -> str:
-    return start_embedded_postgres(state_dir / "pg")
+def pg_url(state_dir: Path) -> Iterator[str]:
+    url = start_embedded_postgres(state_dir / "pg")
+    try:
+        yield url
+    finally:
+        stop_embedded_postgres(state_dir / "pg")
 
 
 @pytest.fixture(scope="session")
