@@ -556,9 +556,18 @@ class Erasure(_message.Message):
     ERASED_AT_FIELD_NUMBER: _builtins.int
     MEMORIES_ERASED_FIELD_NUMBER: _builtins.int
     FACTS_ERASED_FIELD_NUMBER: _builtins.int
+    BLOCKS_ERASED_FIELD_NUMBER: _builtins.int
+    COPIES_ERASED_FIELD_NUMBER: _builtins.int
     erased_by: _builtins.str
     memories_erased: _builtins.int
     facts_erased: _builtins.int
+    blocks_erased: _builtins.int
+    """Archived conversation blocks about the subject, blanked to their tombstone."""
+    copies_erased: _builtins.bool
+    """True once every other service's copies are erased too (the orchestrator's run
+    state, steps and confirmations). False means the erasure here is done and kept,
+    but a copy elsewhere could not be reached yet: call Forget again.
+    """
     @_builtins.property
     def subject(self) -> Global___Subject: ...
     @_builtins.property
@@ -571,10 +580,12 @@ class Erasure(_message.Message):
         erased_at: _timestamp_pb2.Timestamp | None = ...,
         memories_erased: _builtins.int = ...,
         facts_erased: _builtins.int = ...,
+        blocks_erased: _builtins.int = ...,
+        copies_erased: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["erased_at", b"erased_at", "subject", b"subject"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["erased_at", b"erased_at", "erased_by", b"erased_by", "facts_erased", b"facts_erased", "memories_erased", b"memories_erased", "subject", b"subject"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blocks_erased", b"blocks_erased", "copies_erased", b"copies_erased", "erased_at", b"erased_at", "erased_by", b"erased_by", "facts_erased", b"facts_erased", "memories_erased", b"memories_erased", "subject", b"subject"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -667,6 +678,8 @@ class Block(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     READABLE_FIELD_NUMBER: _builtins.int
+    SUBJECTS_FIELD_NUMBER: _builtins.int
+    ERASED_FIELD_NUMBER: _builtins.int
     block_id: _builtins.str
     label: _builtins.str
     role: _builtins.str
@@ -674,8 +687,14 @@ class Block(_message.Message):
     conversation_id: _builtins.str
     readable: _builtins.bool
     """False when the block is encrypted and this deployment holds no key."""
+    erased: _builtins.bool
+    """True when Forget erased it: content is empty and only this tombstone remains."""
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def subjects(self) -> _containers.RepeatedCompositeFieldContainer[Global___Subject]:
+        """Whom the block is about, as the archiver said; Forget of any of them erases it."""
+
     def __init__(
         self,
         *,
@@ -686,10 +705,12 @@ class Block(_message.Message):
         conversation_id: _builtins.str = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
         readable: _builtins.bool = ...,
+        subjects: _abc.Iterable[Global___Subject] | None = ...,
+        erased: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_id", b"block_id", "content", b"content", "conversation_id", b"conversation_id", "created_at", b"created_at", "label", b"label", "readable", b"readable", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_id", b"block_id", "content", b"content", "conversation_id", b"conversation_id", "created_at", b"created_at", "erased", b"erased", "label", b"label", "readable", b"readable", "role", b"role", "subjects", b"subjects"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -703,10 +724,18 @@ class ArchiveRequest(_message.Message):
     ROLE_FIELD_NUMBER: _builtins.int
     CONTENT_FIELD_NUMBER: _builtins.int
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
+    SUBJECTS_FIELD_NUMBER: _builtins.int
     label: _builtins.str
     role: _builtins.str
     content: _builtins.str
     conversation_id: _builtins.str
+    @_builtins.property
+    def subjects(self) -> _containers.RepeatedCompositeFieldContainer[Global___Subject]:
+        """Whom the block is about (the caller and anyone the conversation concerns); a
+        Forget of any of them erases the block. The caller's own USER subject is always
+        added by the server.
+        """
+
     def __init__(
         self,
         *,
@@ -714,10 +743,11 @@ class ArchiveRequest(_message.Message):
         role: _builtins.str = ...,
         content: _builtins.str = ...,
         conversation_id: _builtins.str = ...,
+        subjects: _abc.Iterable[Global___Subject] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "conversation_id", b"conversation_id", "label", b"label", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "conversation_id", b"conversation_id", "label", b"label", "role", b"role", "subjects", b"subjects"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -6,6 +6,7 @@ memory, and the trajectory of every run.
 """
 
 from cairn.gateway.v1 import gateway_pb2 as _gateway_pb2
+from cairn.memory.v1 import memory_pb2 as _memory_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -856,3 +857,47 @@ class ListAgentsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListAgentsResponse: _TypeAlias = ListAgentsResponse  # noqa: Y015
+
+@_typing.final
+class ForgetCopiesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBJECT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def subject(self) -> _memory_pb2.Subject: ...
+    def __init__(
+        self,
+        *,
+        subject: _memory_pb2.Subject | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["subject", b"subject"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["subject", b"subject"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForgetCopiesRequest: _TypeAlias = ForgetCopiesRequest  # noqa: Y015
+
+@_typing.final
+class ForgetCopiesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNS_ERASED_FIELD_NUMBER: _builtins.int
+    CONFIRMATIONS_ABANDONED_FIELD_NUMBER: _builtins.int
+    runs_erased: _builtins.int
+    """Runs whose stored state, steps, answer or confirmations held a copy, now erased."""
+    confirmations_abandoned: _builtins.int
+    """Pending confirmations of a write about the subject, abandoned unapproved."""
+    def __init__(
+        self,
+        *,
+        runs_erased: _builtins.int = ...,
+        confirmations_abandoned: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["confirmations_abandoned", b"confirmations_abandoned", "runs_erased", b"runs_erased"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForgetCopiesResponse: _TypeAlias = ForgetCopiesResponse  # noqa: Y015

@@ -74,6 +74,11 @@ class OrchestratorServiceStub:
                 request_serializer=cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.ListAgentsRequest.SerializeToString,
                 response_deserializer=cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.ListAgentsResponse.FromString,
                 _registered_method=True)
+        self.ForgetCopies = channel.unary_unary(
+                '/cairn.orchestrator.v1.OrchestratorService/ForgetCopies',
+                request_serializer=cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.ForgetCopiesRequest.SerializeToString,
+                response_deserializer=cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.ForgetCopiesResponse.FromString,
+                _registered_method=True)
 
 
 class OrchestratorServiceServicer:
@@ -132,6 +137,17 @@ class OrchestratorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForgetCopies(self, request, context):
+        """Erase every copy this service holds of what its runs read or proposed about a
+        subject (memories, profile facts, archived blocks): run state, steps, answers and
+        confirmations keep the tombstone instead. The memory service's Forget calls it with
+        the caller's own token; the same people may call it as may call Forget. Not on REST:
+        a person erases through Forget, which reaches every copy.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OrchestratorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -174,6 +190,11 @@ def add_OrchestratorServiceServicer_to_server(servicer, server):
                     servicer.ListAgents,
                     request_deserializer=cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.ListAgentsRequest.FromString,
                     response_serializer=cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.ListAgentsResponse.SerializeToString,
+            ),
+            'ForgetCopies': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetCopies,
+                    request_deserializer=cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.ForgetCopiesRequest.FromString,
+                    response_serializer=cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.ForgetCopiesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -392,6 +413,33 @@ class OrchestratorService:
             '/cairn.orchestrator.v1.OrchestratorService/ListAgents',
             cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.ListAgentsRequest.SerializeToString,
             cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.ListAgentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetCopies(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cairn.orchestrator.v1.OrchestratorService/ForgetCopies',
+            cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.ForgetCopiesRequest.SerializeToString,
+            cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.ForgetCopiesResponse.FromString,
             options,
             channel_credentials,
             insecure,

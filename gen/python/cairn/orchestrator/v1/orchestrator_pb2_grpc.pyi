@@ -46,6 +46,13 @@ class OrchestratorServiceStub:
     """A person approves or denies a proposed write."""
     ListPendingConfirmations: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ListPendingConfirmationsRequest, _orchestrator_pb2.ListPendingConfirmationsResponse]
     ListAgents: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ListAgentsRequest, _orchestrator_pb2.ListAgentsResponse]
+    ForgetCopies: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ForgetCopiesRequest, _orchestrator_pb2.ForgetCopiesResponse]
+    """Erase every copy this service holds of what its runs read or proposed about a
+    subject (memories, profile facts, archived blocks): run state, steps, answers and
+    confirmations keep the tombstone instead. The memory service's Forget calls it with
+    the caller's own token; the same people may call it as may call Forget. Not on REST:
+    a person erases through Forget, which reaches every copy.
+    """
 
 @_typing.type_check_only
 class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
@@ -63,6 +70,13 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     """A person approves or denies a proposed write."""
     ListPendingConfirmations: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ListPendingConfirmationsRequest, _orchestrator_pb2.ListPendingConfirmationsResponse]  # type: ignore[assignment]
     ListAgents: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ListAgentsRequest, _orchestrator_pb2.ListAgentsResponse]  # type: ignore[assignment]
+    ForgetCopies: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ForgetCopiesRequest, _orchestrator_pb2.ForgetCopiesResponse]  # type: ignore[assignment]
+    """Erase every copy this service holds of what its runs read or proposed about a
+    subject (memories, profile facts, archived blocks): run state, steps, answers and
+    confirmations keep the tombstone instead. The memory service's Forget calls it with
+    the caller's own token; the same people may call it as may call Forget. Not on REST:
+    a person erases through Forget, which reaches every copy.
+    """
 
 class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -125,5 +139,18 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _orchestrator_pb2.ListAgentsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_orchestrator_pb2.ListAgentsResponse, _abc.Awaitable[_orchestrator_pb2.ListAgentsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ForgetCopies(
+        self,
+        request: _orchestrator_pb2.ForgetCopiesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.ForgetCopiesResponse, _abc.Awaitable[_orchestrator_pb2.ForgetCopiesResponse]]:
+        """Erase every copy this service holds of what its runs read or proposed about a
+        subject (memories, profile facts, archived blocks): run state, steps, answers and
+        confirmations keep the tombstone instead. The memory service's Forget calls it with
+        the caller's own token; the same people may call it as may call Forget. Not on REST:
+        a person erases through Forget, which reaches every copy.
+        """
 
 def add_OrchestratorServiceServicer_to_server(servicer: OrchestratorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
