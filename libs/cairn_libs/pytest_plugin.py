@@ -14,13 +14,16 @@ run silently reuse a server started from another checkout's binaries.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import asyncpg
 import pytest
 
 from cairn_libs.identity import TokenIssuer, generate_dev_keypair
@@ -76,6 +79,58 @@ def service_env(pg_url: str, dev_keys: tuple[Path, Path]) -> dict[str, str]:
         "CAIRN_LOG_LEVEL": "INFO",
         "OTEL_BSP_SCHEDULE_DELAY": "100",
     }
+
+
+def stored_text_locations(url: str, needle: str, *, schemas: Sequence[str]) -> list[str]:
+    """`find_stored_text` for a test that is not a coroutine."""
+    return asyncio.run(find_stored_text(url, needle, schemas=schemas))
+
+
+async def find_stored_text(url: str, needle: str, *, schemas: Sequence[str]) -> list[str]:
+    """Every `schema.table.column` of `schemas` whose stored value holds `needle`: as
+    text, inside JSON (escaped as PostgreSQL prints it), as UTF-8 bytes, or as the
+    search terms of a tsvector. The erasure tests (I9) search every table with it, so
+    a copy nobody thought of is still found."""
+    escaped = json.dumps(needle)[1:-1]
+    ascii_escaped = json.dumps(needle, ensure_ascii=True)[1:-1]
+
+    conn = await asyncpg.connect(url)
+    try:
+        columns = await conn.fetch(
+            "SELECT table_schema, table_name, column_name, data_type, udt_name "
+            "FROM information_schema.columns c JOIN information_schema.tables t "
+            "USING (table_schema, table_name) "
+            "WHERE table_schema = ANY($1::text[]) AND t.table_type = 'BASE TABLE' "
+            "ORDER BY 1, 2, 3",
+            list(schemas),
+        )
+        found: list[str] = []
+        for column in columns:
+            target = f'"{column["table_schema"]}"."{column["table_name"]}"'
+            name = f'"{column["column_name"]}"'
+            udt = column["udt_name"]
+            if udt == "tsvector":
+                where = f"{name} @@ plainto_tsquery('english', $1)"
+                args: list[object] = [needle]
+            elif udt == "bytea":
+                where = f"position(convert_to($1, 'UTF8') in {name}) > 0"
+                args = [needle]
+            elif udt in ("text", "varchar", "bpchar", "json", "jsonb", "_text", "name"):
+                where = (
+                    f"(strpos({name}::text, $1) > 0 OR strpos({name}::text, $2) > 0 "
+                    f"OR strpos({name}::text, $3) > 0)"
+                )
+                args = [needle, escaped, ascii_escaped]
+            else:
+                continue
+            hits = await conn.fetchval(f"SELECT count(*) FROM {target} WHERE {where}", *args)
+            if hits:
+                found.append(
+                    f"{column['table_schema']}.{column['table_name']}.{column['column_name']}"
+                )
+        return found
+    finally:
+        await conn.close()
 
 
 @pytest.fixture

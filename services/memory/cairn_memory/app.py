@@ -8,6 +8,8 @@ Environment (read here and nowhere else):
     CAIRN_MEMORY_BLOCK_TTL_DAYS           days until an archived block expires (the memory TTL)
     CAIRN_MEMORY_PURGE_INTERVAL_SECONDS   seconds between purges of expired rows (3600)
     CAIRN_MEMORY_ENCRYPTION_KEY           base64 of 32 bytes: seal text at rest (unset: plain)
+    CAIRN_ORCHESTRATOR_ADDR               the orchestrator, whose copies Forget erases too
+                                          (unset or `none`: no orchestrator holds copies)
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from cairn_libs.db import Database, database_url
 from cairn_libs.embedding import Embedder, embedder_from_env
 from cairn_libs.errors import CairnError
 from cairn_memory.clock import Clock, SystemClock
+from cairn_memory.copies import CopyHolders, NoOtherHolders, OrchestratorCopies
 from cairn_memory.keeper import MemoryKeeper
 from cairn_memory.postgres import PostgresStore, memory_database
 from cairn_memory.servicer import SERVICE_NAME, MemoryServicer
@@ -55,13 +58,19 @@ class MemoryApp:
         ttl: timedelta,
         block_ttl: timedelta | None = None,
         purge_interval_seconds: float,
+        copy_holders: CopyHolders | None = None,
     ) -> None:
         if purge_interval_seconds <= 0:
             raise ValueError(f"purge interval must be positive, got {purge_interval_seconds!r}")
         self._database = database
         self.store = PostgresStore(database, vault=vault)
         self.keeper = MemoryKeeper(
-            store=self.store, embedder=embedder, clock=clock, ttl=ttl, block_ttl=block_ttl
+            store=self.store,
+            embedder=embedder,
+            clock=clock,
+            ttl=ttl,
+            block_ttl=block_ttl,
+            copy_holders=copy_holders,
         )
         self._purge_interval = purge_interval_seconds
         self._purge_task: asyncio.Task[None] | None = None
@@ -82,6 +91,7 @@ class MemoryApp:
             purge_interval_seconds=_positive_float(
                 "CAIRN_MEMORY_PURGE_INTERVAL_SECONDS", DEFAULT_PURGE_INTERVAL_SECONDS
             ),
+            copy_holders=_copy_holders_from_env(),
         )
 
     def register(self, server: grpc.aio.Server) -> Sequence[str]:
@@ -104,6 +114,7 @@ class MemoryApp:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._purge_task
             self._purge_task = None
+        await self.keeper.close()
         await self._database.close()
 
     async def maintain_once(self) -> None:
@@ -125,6 +136,15 @@ class MemoryApp:
                 log.warning("memory.maintenance_failed", error=type(exc).__name__)
                 delay = min(delay, NOT_READY_RETRY_SECONDS)
             await asyncio.sleep(delay)
+
+
+def _copy_holders_from_env() -> CopyHolders:
+    address = os.environ.get("CAIRN_ORCHESTRATOR_ADDR", "").strip()
+    if not address or address.lower() == "none":
+        log.info("memory.copy_holders", orchestrator="none")
+        return NoOtherHolders()
+    log.info("memory.copy_holders", orchestrator=address)
+    return OrchestratorCopies(address)
 
 
 def _positive_float(name: str, default: float) -> float:

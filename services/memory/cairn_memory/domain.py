@@ -38,6 +38,7 @@ DEFAULT_BLOCK_LIMIT: Final = 5
 MAX_BLOCK_LIMIT: Final = 20
 MAX_BLOCK_LABEL_CHARS: Final = 200
 MAX_BLOCK_ROLE_CHARS: Final = 32
+MAX_BLOCK_SUBJECTS: Final = 32
 MAX_BLOCK_CONTENT_BYTES: Final = 512 * 1024
 MAX_CONVERSATION_ID_CHARS: Final = 256
 DEFAULT_TTL: Final = timedelta(days=90)
@@ -206,13 +207,20 @@ class ProfileUpdate:
 
 @dataclass(frozen=True, slots=True)
 class Erasure:
-    """The record that a subject's memories and facts were erased."""
+    """The record that a subject's memories, facts and archived blocks were erased.
+
+    `copies_erased` is True once every other service's copies are gone too (the
+    orchestrator's run state, steps and confirmations); False means the erasure here
+    is done and kept, and a Forget again finishes the rest.
+    """
 
     subject: Subject
     erased_by: str
     erased_at: datetime
     memories_erased: int
     facts_erased: int
+    blocks_erased: int = 0
+    copies_erased: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +273,8 @@ class BlockDraft:
     role: str
     content: str
     conversation_id: str
+    # Whom the block is about; Forget of any of them erases it (I9).
+    subjects: tuple[Subject, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +286,9 @@ class Block:
     conversation_id: str
     created_at: datetime
     readable: bool = True
+    subjects: tuple[Subject, ...] = ()
+    # Forget erased it: content and label are blank, only the tombstone remains.
+    erased: bool = False
 
     @property
     def block_id(self) -> str:
@@ -615,7 +628,17 @@ def block_number(raw: str) -> int:
     return number
 
 
-def block_draft(*, label: str, role: str, content: str, conversation_id: str) -> BlockDraft:
+def block_draft(
+    *,
+    label: str,
+    role: str,
+    content: str,
+    conversation_id: str,
+    subjects: Sequence[Subject] = (),
+    archived_by: str,
+) -> BlockDraft:
+    """A block to archive. It is always about the person archiving it (their own
+    words and the answers they were given), and about every subject they name."""
     label = label.strip()
     role = role.strip()
     conversation_id = conversation_id.strip()
@@ -636,7 +659,18 @@ def block_draft(*, label: str, role: str, content: str, conversation_id: str) ->
     size = len(content.encode())
     if size > MAX_BLOCK_CONTENT_BYTES:
         raise RefusedInput(f"content is {size} bytes; at most {MAX_BLOCK_CONTENT_BYTES}")
-    return BlockDraft(label=label, role=role, content=content, conversation_id=conversation_id)
+    if len(subjects) > MAX_BLOCK_SUBJECTS:
+        raise RefusedInput(
+            f"subjects names {len(subjects)} subjects; at most {MAX_BLOCK_SUBJECTS} per block"
+        )
+    about = dict.fromkeys((Subject(SubjectKind.USER, archived_by), *subjects))
+    return BlockDraft(
+        label=label,
+        role=role,
+        content=content,
+        conversation_id=conversation_id,
+        subjects=tuple(about),
+    )
 
 
 def block_search(*, query: str, limit: int, conversation_id: str) -> BlockSearch:

@@ -7,7 +7,8 @@
     ├── StaleReference        (Conflict)               the request contradicts what is held now
     │   ├── SupersedesNotActive                        a superseded id is not an active memory here
     │   └── ProfileValueChanged                        previous_value is not the current value
-    └── StorageUnavailable    (DependencyUnavailable)  PostgreSQL did not answer
+    ├── StorageUnavailable    (DependencyUnavailable)  PostgreSQL did not answer
+    └── CopiesUnreachable     (DependencyUnavailable)  erased here; a holder of copies did not answer
 
 Access refusals are never one of these: they are `cairn_libs.errors.Denied()`, the
 one denial every service gives (I6), so a caller cannot tell "missing" from "not yours".
@@ -48,3 +49,8 @@ class ProfileValueChanged(StaleReference):
 
 class StorageUnavailable(MemoryServiceError, DependencyUnavailable):
     """PostgreSQL refused or dropped the connection."""
+
+
+class CopiesUnreachable(MemoryServiceError, DependencyUnavailable):
+    """The erasure here is done and kept, but a service holding copies did not erase
+    them; Forget again finishes it."""

@@ -9,6 +9,7 @@ identity; org and user always come from that identity (I5), the author from
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import timedelta
 from typing import Final
 
@@ -19,6 +20,7 @@ from cairn_libs.embedding import Embedder
 from cairn_libs.errors import Denied
 from cairn_libs.identity import CallIdentity, Principal
 from cairn_memory.clock import Clock
+from cairn_memory.copies import CopyHolders, NoOtherHolders
 from cairn_memory.domain import (
     DEFAULT_TTL,
     Block,
@@ -60,8 +62,10 @@ class MemoryKeeper:
         clock: Clock,
         ttl: timedelta = DEFAULT_TTL,
         block_ttl: timedelta | None = None,
+        copy_holders: CopyHolders | None = None,
     ) -> None:
         block_ttl = ttl if block_ttl is None else block_ttl
+        self._copy_holders = copy_holders or NoOtherHolders()
         if ttl <= timedelta(0):
             raise ValueError(f"memory time-to-live must be positive, got {ttl!r}")
         if block_ttl <= timedelta(0):
@@ -150,22 +154,34 @@ class MemoryKeeper:
         with tracer.start_as_current_span("memory.held"):
             return await self._store.held(query, org_id=principal.org_id, now=self._clock.now())
 
-    async def forget(self, subject: Subject, principal: Principal) -> Erasure:
+    async def forget(self, subject: Subject, principal: Principal, *, caller_token: str) -> Erasure:
+        """Erase everything held about `subject` here, then every copy elsewhere (I9).
+
+        The erasure here is kept even when a holder of copies cannot be reached; the
+        caller is then told to Forget again, which erases nothing twice and reaches
+        the copies it missed.
+        """
         _require_subject_access(subject, principal)
         with tracer.start_as_current_span("memory.forget"):
-            erasure = await self._store.forget(
+            erasure, erasure_id = await self._store.forget(
                 org_id=principal.org_id,
                 subject=subject,
                 erased_by=principal.user_id,
                 now=self._clock.now(),
             )
-        log.info(
-            "memory.erased",
-            subject_kind=subject.kind.value,
-            memories_erased=erasure.memories_erased,
-            facts_erased=erasure.facts_erased,
-        )
-        return erasure
+            log.info(
+                "memory.erased",
+                subject_kind=subject.kind.value,
+                memories_erased=erasure.memories_erased,
+                facts_erased=erasure.facts_erased,
+                blocks_erased=erasure.blocks_erased,
+            )
+            await self._copy_holders.forget_copies(subject, caller_token=caller_token)
+            await self._store.mark_copies_erased(org_id=principal.org_id, erasure_id=erasure_id)
+        return replace(erasure, copies_erased=True)
+
+    async def close(self) -> None:
+        await self._copy_holders.close()
 
     async def update_profile(
         self,

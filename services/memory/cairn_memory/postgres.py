@@ -82,7 +82,10 @@ _FACT_COLUMNS: Final = """
 """
 _BLOCK_COLUMNS: Final = """
     b.block_number, b.org_id, b.conversation_id, b.label, b.role, b.content, b.content_sealed,
-    b.created_at
+    b.created_at, b.erased_at,
+    ARRAY(SELECT s.subject_kind || ':' || s.subject_id FROM block_subjects s
+          WHERE s.block_number = b.block_number ORDER BY s.subject_kind, s.subject_id)
+        AS subjects
 """
 
 
@@ -372,7 +375,8 @@ class PostgresStore:
                 *args,
             )
             erasure_rows = await conn.fetch(
-                "SELECT erased_by, erased_at, memories_erased, facts_erased FROM erasures "
+                "SELECT erased_by, erased_at, memories_erased, facts_erased, blocks_erased, "
+                "copies_erased FROM erasures "
                 "WHERE org_id = $1 AND subject_kind = $2 AND subject_id = $3 "
                 "ORDER BY erased_at DESC, erasure_id DESC",
                 *args,
@@ -387,6 +391,8 @@ class PostgresStore:
                     erased_at=r["erased_at"],
                     memories_erased=r["memories_erased"],
                     facts_erased=r["facts_erased"],
+                    blocks_erased=r["blocks_erased"],
+                    copies_erased=r["copies_erased"],
                 )
                 for r in erasure_rows
             ),
@@ -395,8 +401,15 @@ class PostgresStore:
 
     async def forget(
         self, *, org_id: str, subject: Subject, erased_by: str, now: datetime
-    ) -> Erasure:
-        """Erase a subject's memories and facts and record the erasure, in one statement."""
+    ) -> tuple[Erasure, int]:
+        """Erase a subject's memories, facts and archived blocks and record the erasure,
+        in one statement; returns the erasure and its record's id (to mark the copies
+        elsewhere erased once they are).
+
+        A block keeps its number, conversation and dates so `r<N>` still resolves, to
+        its tombstone; its content, label, search terms and digest go, since each of
+        them repeats the erased text (a digest could confirm a guess).
+        """
         async with self._connection() as conn:
             row = await conn.fetchrow(
                 """
@@ -413,15 +426,26 @@ class PostgresStore:
                     WHERE org_id = $1 AND subject_kind = $2 AND subject_id = $3
                       AND erased_at IS NULL
                     RETURNING fact_key
+                ), erased_blocks AS (
+                    UPDATE blocks
+                    SET content = NULL, content_sealed = NULL, label = '', search = ''::tsvector,
+                        content_digest = NULL, erased_at = $4
+                    WHERE erased_at IS NULL AND block_number IN (
+                        SELECT block_number FROM block_subjects
+                        WHERE org_id = $1 AND subject_kind = $2 AND subject_id = $3
+                    )
+                    RETURNING 1
                 )
                 INSERT INTO erasures (
                     org_id, subject_kind, subject_id, erased_by, erased_at, memories_erased,
-                    facts_erased
+                    facts_erased, blocks_erased
                 )
                 SELECT $1, $2, $3, $5, $4,
                        (SELECT count(*) FROM erased_memories),
-                       (SELECT count(DISTINCT fact_key) FROM erased_facts)
-                RETURNING erased_by, erased_at, memories_erased, facts_erased
+                       (SELECT count(DISTINCT fact_key) FROM erased_facts),
+                       (SELECT count(*) FROM erased_blocks)
+                RETURNING erasure_id, erased_by, erased_at, memories_erased, facts_erased,
+                          blocks_erased
                 """,
                 org_id,
                 subject.kind.value,
@@ -430,13 +454,23 @@ class PostgresStore:
                 erased_by,
             )
         assert row is not None
-        return Erasure(
+        erasure = Erasure(
             subject=subject,
             erased_by=row["erased_by"],
             erased_at=row["erased_at"],
             memories_erased=row["memories_erased"],
             facts_erased=row["facts_erased"],
+            blocks_erased=row["blocks_erased"],
         )
+        return erasure, int(row["erasure_id"])
+
+    async def mark_copies_erased(self, *, org_id: str, erasure_id: int) -> None:
+        async with self._connection() as conn:
+            await conn.execute(
+                "UPDATE erasures SET copies_erased = true WHERE org_id = $1 AND erasure_id = $2",
+                org_id,
+                erasure_id,
+            )
 
     # --- profile facts --------------------------------------------------------------
 
@@ -565,10 +599,9 @@ class PostgresStore:
                 digest,
                 now,
             )
-            if held is not None:
-                return int(held)
-            number = await conn.fetchval(
-                """
+            if held is None:
+                held = await conn.fetchval(
+                    """
                 INSERT INTO blocks (
                     org_id, conversation_id, archived_by, label, role, content, content_sealed,
                     search, created_at, expires_at, content_digest
@@ -580,19 +613,25 @@ class PostgresStore:
                 )
                 RETURNING block_number
                 """,
-                org_id,
-                draft.conversation_id,
-                user_id,
-                draft.label,
-                draft.role,
-                stored.plain,
-                stored.sealed,
-                draft.content,
-                now,
-                expires_at,
-                digest,
+                    org_id,
+                    draft.conversation_id,
+                    user_id,
+                    draft.label,
+                    draft.role,
+                    stored.plain,
+                    stored.sealed,
+                    draft.content,
+                    now,
+                    expires_at,
+                    digest,
+                )
+            # The block already kept is about whomever this archive names too.
+            await conn.executemany(
+                "INSERT INTO block_subjects (block_number, org_id, subject_kind, subject_id) "
+                "VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                [(held, org_id, about.kind.value, about.id) for about in draft.subjects],
             )
-        return int(number)
+        return int(held)
 
     async def recall_block(
         self, *, org_id: str, user_id: str, number: int, now: datetime
@@ -638,7 +677,7 @@ class PostgresStore:
                 JOIN conversations c
                   ON c.org_id = b.org_id AND c.conversation_id = b.conversation_id
                 WHERE b.org_id = $1 AND c.owner_user_id = $3 AND b.search @@ q.query
-                  AND b.expires_at > $5 {conversation_clause}
+                  AND b.expires_at > $5 AND b.erased_at IS NULL {conversation_clause}
                 ORDER BY rank DESC, b.block_number DESC
                 LIMIT $4
                 """,
@@ -745,6 +784,18 @@ class PostgresStore:
         return facts
 
     def _block(self, row: asyncpg.Record) -> Block:
+        subjects = tuple(_subject_of(pair) for pair in row["subjects"])
+        if row["erased_at"] is not None:
+            return Block(
+                number=int(row["block_number"]),
+                label="",
+                role=row["role"],
+                content="",
+                conversation_id=row["conversation_id"],
+                created_at=row["created_at"],
+                subjects=subjects,
+                erased=True,
+            )
         content = self._vault.open(
             StoredText(row["content"], row["content_sealed"]), org_id=row["org_id"]
         )
@@ -756,7 +807,13 @@ class PostgresStore:
             conversation_id=row["conversation_id"],
             created_at=row["created_at"],
             readable=content is not None,
+            subjects=subjects,
         )
+
+
+def _subject_of(pair: str) -> Subject:
+    kind, _, subject_id = pair.partition(":")
+    return Subject(SubjectKind(kind), subject_id)
 
 
 def _author(row: asyncpg.Record) -> Author:

@@ -15,7 +15,7 @@ import grpc
 from google.protobuf import timestamp_pb2
 
 from cairn.memory.v1 import memory_pb2, memory_pb2_grpc
-from cairn_libs.server import current_identity
+from cairn_libs.server import current_caller_token, current_identity
 from cairn_memory.domain import (
     Author,
     AuthorKind,
@@ -236,6 +236,8 @@ def erasure_to_proto(erasure: Erasure) -> memory_pb2.Erasure:
         erased_at=_timestamp(erasure.erased_at),
         memories_erased=erasure.memories_erased,
         facts_erased=erasure.facts_erased,
+        blocks_erased=erasure.blocks_erased,
+        copies_erased=erasure.copies_erased,
     )
 
 
@@ -248,6 +250,8 @@ def block_to_proto(block: Block) -> memory_pb2.Block:
         conversation_id=block.conversation_id,
         created_at=_timestamp(block.created_at),
         readable=block.readable,
+        subjects=[subject_to_proto(about) for about in block.subjects],
+        erased=block.erased,
     )
 
 
@@ -315,7 +319,9 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
         self, request: memory_pb2.ForgetRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> memory_pb2.ForgetResponse:
         erasure = await self._keeper.forget(
-            subject_from_proto(request.subject), current_identity().principal
+            subject_from_proto(request.subject),
+            current_identity().principal,
+            caller_token=current_caller_token(),
         )
         return memory_pb2.ForgetResponse(erasure=erasure_to_proto(erasure))
 
@@ -327,6 +333,11 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
             role=request.role,
             content=request.content,
             conversation_id=request.conversation_id,
+            subjects=[
+                subject_from_proto(about, field_name=f"subjects[{index}]")
+                for index, about in enumerate(request.subjects)
+            ],
+            archived_by=current_identity().principal.user_id,
         )
         block_id = await self._keeper.archive(draft, current_identity().principal)
         return memory_pb2.ArchiveResponse(block_id=block_id)
