@@ -8,6 +8,7 @@ it is set, never its value.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,7 +17,14 @@ import grpc
 import structlog
 
 from cairn.gateway.v1 import gateway_pb2_grpc
-from cairn_gateway.config import DEFAULT_OFFLINE_URL, GatewayConfig, offline_default, parse_config
+from cairn_gateway.config import (
+    DEFAULT_OFFLINE_URL,
+    TIERS,
+    GatewayConfig,
+    offline_default,
+    parse_config,
+)
+from cairn_gateway.domain import UnusableProvider
 from cairn_gateway.embeddings import Embeddings
 from cairn_gateway.errors import ConfigInvalid
 from cairn_gateway.postgres import PostgresLedger
@@ -27,6 +35,14 @@ from cairn_libs.db import Database, database_url, load_migrations
 from cairn_libs.embedding import embedder_from_env
 
 log = structlog.get_logger(__name__)
+# The one line that says which configuration is running must reach the log at every
+# CAIRN_LOG_LEVEL: an operator who raised the level to quiet per-call lines still needs
+# to know, after an incident, what the gateway ran with. Logged as a warning it would
+# be a false alarm on every start (and still vanish at ERROR), so it goes through a
+# logger without the level filter; the line's own level still says "info".
+_startup_log = structlog.wrap_logger(
+    None, wrapper_class=structlog.make_filtering_bound_logger(logging.NOTSET)
+)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 SCHEMA = "gateway"
@@ -49,19 +65,47 @@ def load_config(env: Mapping[str, str]) -> GatewayConfig:
 
 def build_providers(
     config: GatewayConfig, env: Mapping[str, str]
-) -> tuple[list[ChatProvider], dict[str, str]]:
+) -> tuple[list[ChatProvider], list[UnusableProvider]]:
     """The usable providers, and those left out with the reason."""
     providers: list[ChatProvider] = []
-    disabled: dict[str, str] = {}
+    unusable: list[UnusableProvider] = []
     for provider_config in config.providers:
         key = api_key_for(provider_config, env)
         if key is None:
-            disabled[provider_config.name] = (
-                f"its key variable {provider_config.api_key_env} is not set"
+            unusable.append(
+                UnusableProvider(
+                    provider_config,
+                    f"its key variable {provider_config.api_key_env} is not set",
+                )
             )
             continue
         providers.append(OpenAICompatibleProvider(provider_config, api_key=key))
-    return providers, disabled
+    return providers, unusable
+
+
+def config_summary(
+    config: GatewayConfig, unusable: Sequence[UnusableProvider], env: Mapping[str, str]
+) -> dict[str, object]:
+    """What the start-up line says: where the file came from, the providers in
+    failover order, which tiers each usable one serves, and which key variables are
+    set. Never a key's value: only whether its variable holds one."""
+    left_out = {u.config.name: u.reason for u in unusable}
+    usable = [p for p in config.providers if p.name not in left_out]
+    return {
+        "source": config.source,
+        "providers": [p.name for p in config.providers],
+        "usable": [p.name for p in usable],
+        "unusable": left_out,
+        "tiers": {
+            tier: [p.name for p in usable if p.model_for(tier) is not None] for tier in TIERS
+        },
+        "keys_set": {
+            p.api_key_env: bool(env.get(p.api_key_env, "").strip())
+            for p in config.providers
+            if p.api_key_env
+        },
+        "offline_demo": any(p.offline_demo for p in usable),
+    }
 
 
 class GatewayApp:
@@ -76,15 +120,23 @@ class GatewayApp:
     ) -> None:
         self._config = config
         self._db = db
-        self._providers, self._disabled = build_providers(config, env)
+        self._providers, self._unusable = build_providers(config, env)
+        self._summary = config_summary(config, self._unusable, env)
         self._router = Router(
             self._providers,
             ledger=PostgresLedger(db),
             trace_content=env.get("CAIRN_TRACE_CONTENT", "").strip().lower()
             in ("1", "true", "yes"),
-            disabled=self._disabled,
+            unusable=self._unusable,
         )
-        self._embeddings = Embeddings(self._providers, local_embedder=embedder_from_env)
+        self._embeddings = Embeddings(
+            self._providers,
+            local_embedder=embedder_from_env,
+            unusable=self._unusable,
+            default_model=next(
+                (p.embedding_model for p in config.providers if p.embedding_model), ""
+            ),
+        )
 
     @classmethod
     def from_env(cls) -> GatewayApp:
@@ -102,24 +154,37 @@ class GatewayApp:
         return [SERVICE_NAME]
 
     async def start(self) -> None:
-        log.info("gateway.config", source=self._config.source)
+        _startup_log.info("gateway.config_loaded", **self._summary)
+        left_out = {u.config.name: u.reason for u in self._unusable}
         for provider in self._config.providers:
-            log.info(
+            reason = left_out.get(provider.name)
+            # An unusable provider is a warning: at WARNING level it must still show.
+            emit = log.info if reason is None else log.warning
+            emit(
                 "gateway.provider",
                 provider=provider.name,
                 preset=provider.preset or None,
                 base_url=provider.base_url,
                 models=dict(provider.models),
+                embedding_model=provider.embedding_model or None,
                 key_variable=provider.api_key_env or None,
-                usable=provider.name not in self._disabled,
-                reason=self._disabled.get(provider.name),
+                usable=reason is None,
+                reason=reason,
                 offline_demo=provider.offline_demo,
             )
         if not self._providers:
-            log.warning("gateway.no_usable_provider", disabled=self._disabled)
+            log.error(
+                "gateway.no_usable_provider",
+                unusable=left_out,
+                consequence="every Chat is FAILED_PRECONDITION and health is NOT_SERVING",
+            )
 
     async def ready(self) -> bool:
-        # Providers being down is degradation reported per call (I11), not unreadiness.
+        # A provider being down is degradation reported per call (I11), not
+        # unreadiness; a gateway that can use no provider at all is not ready: every
+        # chat it took would fail, and only a configuration change can fix it.
+        if not self._providers:
+            return False
         return await self._db.ready()
 
     async def stop(self) -> None:

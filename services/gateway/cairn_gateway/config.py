@@ -7,16 +7,24 @@ base URL, key variable and quirks of a known vendor; anything written next to it
 wins. The file is YAML, named by CAIRN_GATEWAY_CONFIG; without it the gateway uses
 one provider, the offline demo model.
 
-Parsing is strict (unknown keys are refused), because a misspelt `timout_seconds`
-silently falling back to a default is the kind of mistake found only in an outage.
-The key itself never enters this module: it is read by the provider that uses it.
+Parsing is strict, because a misspelt `timout_seconds` silently falling back to a
+default is the kind of mistake found only in an outage: unknown keys, a key written
+twice, wrong types, blank names, numbers that are negative, NaN or infinite, and a
+base_url that already ends in the endpoint the gateway appends (`/chat/completions`)
+are each refused at start-up, naming the provider, the key and what to write. The
+key itself never enters this module (it is read by the provider that uses it), and
+no message here repeats a value that might be one: api_key_env, header values and a
+URL's user:password part are never echoed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+import re
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, TypeGuard, get_args
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -162,10 +170,55 @@ _PROVIDER_KEYS = (
 )
 
 
+# Paths the wire appends to base_url (and their near relatives a vendor's docs show):
+# a base_url ending in one makes every call go to ".../chat/completions/chat/completions",
+# which vendors answer with 404, read as the caller's bad request.
+ENDPOINT_SUFFIXES = (
+    "/chat/completions",
+    "/completions",
+    "/embeddings",
+    "/chat",
+    "/models",
+    "/responses",
+)
+# Prefixes of vendor keys, so a key pasted where its variable's NAME belongs is
+# recognised (and never repeated in the message).
+_KEY_PREFIXES = ("sk-", "sk_", "gsk_", "xai-", "hf_", "AIza", "pplx-", "nvapi-", "r8_")
+# An HTTP header name (RFC 9110 token).
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load, except that a key written twice in one mapping is an error: PyYAML
+    keeps the last silently, so a second `models:` would quietly replace the first."""
+
+
+def _no_duplicate_keys(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Hashable, Any]:
+    seen: dict[Hashable, Any] = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise ConfigInvalid(
+                f"line {key_node.start_mark.line + 1}: key {key!r} is written twice in one "
+                "mapping; keep one (YAML would silently use the last)"
+            )
+        seen[key] = loader.construct_object(value_node, deep=True)
+    return seen
+
+
+_StrictLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+    _no_duplicate_keys,  # type: ignore[arg-type]
+)
+
+
 def parse_config(text: str, *, source: str) -> GatewayConfig:
     """Parse the YAML provider file; ConfigInvalid names the bad key and what is accepted."""
     try:
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+    except ConfigInvalid as exc:
+        raise ConfigInvalid(f"{source}: {exc.message}") from exc
     except yaml.YAMLError as exc:
         raise ConfigInvalid(f"{source}: not valid YAML: {exc}") from exc
     if not isinstance(document, dict) or set(document) - {"providers"}:
@@ -199,8 +252,12 @@ def _parse_provider(raw: object, *, where: str) -> ProviderConfig:
             f"{where}: unknown key(s) {unknown!r}; accepted keys: {', '.join(_PROVIDER_KEYS)}"
         )
     name = raw.get("name")
-    if not isinstance(name, str) or not name.strip():
-        raise ConfigInvalid(f"{where}.name must be a non-empty string, got {_shown(name)}")
+    if not isinstance(name, str) or not name.strip() or _CONTROL.search(name):
+        raise ConfigInvalid(
+            f"{where}.name must be a non-empty string without control characters, "
+            f"got {_shown(name)}"
+        )
+    name = name.strip()
     where = f"{where} ({name})"
 
     preset_name = raw.get("preset", "")
@@ -211,24 +268,14 @@ def _parse_provider(raw: object, *, where: str) -> ProviderConfig:
         )
     preset = PRESETS.get(preset_name)
 
-    base_url = raw.get("base_url", preset.base_url if preset else None)
-    if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-        raise ConfigInvalid(
-            f"{where}.base_url must be an http(s) URL of an OpenAI-compatible API "
-            f"(e.g. https://api.openai.com/v1), got {_shown(base_url)}"
-        )
-    api_key_env = raw.get("api_key_env", preset.api_key_env if preset else "")
-    if api_key_env is None:
-        api_key_env = ""
-    if not isinstance(api_key_env, str) or (api_key_env and not api_key_env.isidentifier()):
-        raise ConfigInvalid(
-            f"{where}.api_key_env must be the NAME of an environment variable "
-            f"(e.g. GROQ_API_KEY), or empty for a server without keys, got {_shown(api_key_env)}"
-        )
+    base_url = _base_url(raw.get("base_url", preset.base_url if preset else None), where=where)
+    api_key_env = _key_variable(
+        raw.get("api_key_env", preset.api_key_env if preset else ""), where=where
+    )
 
     models = _parse_models(raw.get("models"), where=f"{where}.models")
     timeout = raw.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+    if not _finite(timeout) or timeout <= 0:
         raise ConfigInvalid(
             f"{where}.timeout_seconds must be a number of seconds > 0, got {_shown(timeout)}"
         )
@@ -241,22 +288,14 @@ def _parse_provider(raw: object, *, where: str) -> ProviderConfig:
             f"got {_shown(max_tokens_field)}"
         )
     embedding_model = raw.get("embedding_model", "")
-    if not isinstance(embedding_model, str):
+    if embedding_model is None:
+        embedding_model = ""
+    if not isinstance(embedding_model, str) or _CONTROL.search(embedding_model):
         raise ConfigInvalid(
-            f"{where}.embedding_model must be a model name, got {_shown(embedding_model)}"
+            f"{where}.embedding_model must be a model name (or left out), "
+            f"got {_shown(embedding_model)}"
         )
-    headers = raw.get("headers", {})
-    if not isinstance(headers, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
-    ):
-        raise ConfigInvalid(
-            f"{where}.headers must map header names to strings, got {_shown(headers)}"
-        )
-    if any(k.lower() == "authorization" for k in headers):
-        raise ConfigInvalid(
-            f"{where}.headers must not carry 'Authorization'; name the key's variable "
-            "in api_key_env so the key stays out of the file"
-        )
+    headers = _headers(raw.get("headers", {}), where=where)
     defaults_retry, defaults_cooldown = RetryPolicy(), CooldownPolicy()
     retry = RetryPolicy(
         max_retries=_whole(raw, "max_retries", defaults_retry.max_retries, where=where),
@@ -285,19 +324,19 @@ def _parse_provider(raw: object, *, where: str) -> ProviderConfig:
         ),
     )
     return ProviderConfig(
-        name=name.strip(),
-        base_url=base_url.rstrip("/"),
+        name=name,
+        base_url=base_url,
         api_key_env=api_key_env,
         models=models,
         timeout_seconds=float(timeout),
         offline_demo=_bool(raw, "offline_demo", where=where),
         supports_reasoning_effort=_bool(raw, "supports_reasoning_effort", where=where),
         max_tokens_field=max_tokens_field,
-        embedding_model=embedding_model,
+        embedding_model=embedding_model.strip(),
         tokens_per_minute=_positive_int(raw, "tokens_per_minute", where=where),
         requests_per_minute=_positive_int(raw, "requests_per_minute", where=where),
         preset=preset_name,
-        headers=dict(headers),
+        headers=headers,
         retry=retry,
         cooldown=cooldown,
     )
@@ -312,8 +351,10 @@ def _parse_models(raw: object, *, where: str) -> dict[Tier, str]:
     for tier, model in raw.items():
         if tier not in TIERS:
             raise ConfigInvalid(f"{where}: tier {tier!r} is not known; use {', '.join(TIERS)}")
-        if not isinstance(model, str) or not model.strip():
-            raise ConfigInvalid(f"{where}.{tier} must be a model name, got {_shown(model)}")
+        if not isinstance(model, str) or not model.strip() or _CONTROL.search(model):
+            raise ConfigInvalid(
+                f"{where}.{tier} must be a non-empty model name, got {_shown(model)}"
+            )
         models[tier] = model.strip()
     return models
 
@@ -345,17 +386,112 @@ def _seconds(
     raw: Mapping[str, object], key: str, default: float, *, where: str, zero: bool = True
 ) -> float:
     value = raw.get(key, default)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or value < 0
-        or (value == 0 and not zero)
-    ):
+    if not _finite(value) or value < 0 or (value == 0 and not zero):
         bound = ">= 0" if zero else "> 0"
         raise ConfigInvalid(
             f"{where}.{key} must be a number of seconds {bound}, got {_shown(value)}"
         )
     return float(value)
+
+
+def _base_url(value: object, *, where: str) -> str:
+    example = "e.g. https://api.openai.com/v1"
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigInvalid(
+            f"{where}.base_url must be the http(s) URL of an OpenAI-compatible API "
+            f"({example}), got {_shown(value)}"
+        )
+    url = value.strip()
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises for a port that is not a number
+    except ValueError as exc:
+        raise ConfigInvalid(f"{where}.base_url {url!r} is not a URL ({exc}); {example}") from exc
+    if parts.username is not None or parts.password is not None:
+        # Not echoed: the part before '@' may well be a key.
+        raise ConfigInvalid(
+            f"{where}.base_url must not carry a user or password (the part before '@'); "
+            "name the key's variable in api_key_env instead"
+        )
+    if parts.scheme not in ("http", "https"):
+        raise ConfigInvalid(
+            f"{where}.base_url {url!r} must start with http:// or https:// ({example})"
+        )
+    if not parts.hostname:
+        raise ConfigInvalid(f"{where}.base_url {url!r} names no host ({example})")
+    if parts.query or parts.fragment or _CONTROL.search(url) or " " in url:
+        raise ConfigInvalid(
+            f"{where}.base_url {url!r} must be a plain URL, without spaces, a query (?...) "
+            f"or a fragment (#...) ({example})"
+        )
+    url = url.rstrip("/")
+    for suffix in ENDPOINT_SUFFIXES:
+        if url.lower().endswith(suffix):
+            root = url[: -len(suffix)]
+            raise ConfigInvalid(
+                f"{where}.base_url {url!r} ends in {suffix!r}, which the gateway appends "
+                f"itself (it calls <base_url>/chat/completions and <base_url>/embeddings); "
+                f"write {root!r}"
+            )
+    return url
+
+
+def _key_variable(value: object, *, where: str) -> str:
+    if value is None:
+        return ""
+    what = (
+        f"{where}.api_key_env must be the NAME of an environment variable that holds the "
+        "key (e.g. GROQ_API_KEY), or empty for a server without keys"
+    )
+    if not isinstance(value, str):
+        raise ConfigInvalid(f"{what}; got {type(value).__name__}")
+    name = value.strip()
+    # The value is never repeated: a key pasted here must not reach the log.
+    if name.startswith(_KEY_PREFIXES):
+        raise ConfigInvalid(
+            f"{what}; the value given looks like a key itself (not shown). Put the key in "
+            "an environment variable and write that variable's name here"
+        )
+    if name and not name.isidentifier():
+        raise ConfigInvalid(
+            f"{what}; the value given is not a variable name (letters, digits and _ only; "
+            "not shown, in case it is the key)"
+        )
+    return name
+
+
+def _headers(value: object, *, where: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigInvalid(
+            f"{where}.headers must map header names to strings, got {type(value).__name__}"
+        )
+    headers: dict[str, str] = {}
+    for header, text in value.items():
+        # Values are never shown: a vendor's own key header (api-key) may be among them.
+        if not isinstance(header, str) or not _HEADER_NAME.match(header):
+            raise ConfigInvalid(
+                f"{where}.headers: {_shown(header)} is not an HTTP header name "
+                "(letters, digits and -, e.g. HTTP-Referer)"
+            )
+        if header.lower() == "authorization":
+            raise ConfigInvalid(
+                f"{where}.headers must not carry 'Authorization'; name the key's variable "
+                "in api_key_env so the key stays out of the file"
+            )
+        if not isinstance(text, str) or _CONTROL.search(text):
+            raise ConfigInvalid(
+                f"{where}.headers.{header} must be text on one line (no control "
+                f"characters), got a {type(text).__name__} (value not shown)"
+            )
+        headers[header] = text
+    return headers
+
+
+def _finite(value: object) -> TypeGuard[int | float]:
+    """A number YAML wrote as one (not true/false), and neither .nan nor .inf."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _shown(value: object) -> str:

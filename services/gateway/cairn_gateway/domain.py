@@ -21,7 +21,7 @@ from cairn_gateway.errors import (
     CallExceedsCeiling,
     ChatRequestInvalid,
     GatewayError,
-    NoProviderConfigured,
+    NoUsableProvider,
     ProviderCredentialRejected,
     ProviderRateLimited,
     ProviderRejectedRequest,
@@ -181,9 +181,29 @@ class ModelListing:
 # --- routing ---------------------------------------------------------------------
 
 
-def plan_routes(providers: Sequence[ProviderConfig], request: ChatRequest) -> list[Route]:
+@dataclass(frozen=True, slots=True)
+class UnusableProvider:
+    """A configured provider this gateway cannot use, and why (e.g. its key variable
+    is unset). Kept next to the usable ones so that a request only it could serve is
+    told about the deployment's mistake rather than that its model does not exist."""
+
+    config: ProviderConfig
+    reason: str
+
+
+def plan_routes(
+    providers: Sequence[ProviderConfig],
+    request: ChatRequest,
+    *,
+    unusable: Sequence[UnusableProvider] = (),
+) -> list[Route]:
     """The providers to try, in configured order. An explicit model wins over a tier
-    and is tried on every provider that lists it."""
+    and is tried on every provider that lists it.
+
+    A model no provider lists is the caller's mistake (INVALID_ARGUMENT, naming the
+    models there are). A model or tier that only unusable providers serve, or a tier
+    no provider serves, is the deployment's (FAILED_PRECONDITION, naming the tier or
+    model and why): the caller asked for something the API offers."""
     if request.model:
         routes = []
         for provider in providers:
@@ -191,6 +211,12 @@ def plan_routes(providers: Sequence[ProviderConfig], request: ChatRequest) -> li
             if tiers:
                 routes.append(Route(provider.name, request.model, request.tier or tiers[0]))
         if not routes:
+            blocked = [u for u in unusable if u.config.tiers_of(request.model)]
+            if blocked:
+                raise NoUsableProvider(
+                    f"model {request.model!r} is configured only on provider(s) this gateway "
+                    f"cannot use: {_why_unusable(blocked)}; the deployment must fix that"
+                )
             known = sorted({m for p in providers for m in p.chat_models})
             raise ChatRequestInvalid(
                 f"model {request.model!r} is not configured on any provider; configured "
@@ -202,11 +228,23 @@ def plan_routes(providers: Sequence[ProviderConfig], request: ChatRequest) -> li
         Route(p.name, model, tier) for p in providers if (model := p.model_for(tier)) is not None
     ]
     if not routes:
+        blocked = [u for u in unusable if u.config.model_for(tier) is not None]
+        if blocked:
+            raise NoUsableProvider(
+                f"no usable provider serves tier {tier!r}: {_why_unusable(blocked)}; "
+                "the deployment must fix that"
+            )
         served = sorted({t for p in providers for t in p.models}, key=TIERS.index)
-        raise NoProviderConfigured(
-            f"no provider serves tier {tier!r}; configured tiers: {', '.join(served) or 'none'}"
+        raise NoUsableProvider(
+            f"this deployment has no provider for tier {tier!r}; tiers served: "
+            f"{', '.join(served) or 'none'} (ask for one of those, or the deployment adds "
+            f"a {tier} model to a provider)"
         )
     return _pin(routes, request)
+
+
+def _why_unusable(unusable: Sequence[UnusableProvider]) -> str:
+    return "; ".join(f"{u.config.name!r}: {u.reason}" for u in unusable)
 
 
 def _pin(routes: list[Route], request: ChatRequest) -> list[Route]:
@@ -265,8 +303,9 @@ def check_run_budget(request: ChatRequest, *, reserved_in_flight: int = 0) -> in
             if reserved_in_flight
             else ""
         )
+        whose = f"run {request.run_id!r}" if request.run_id else "this call's budget"
         raise RunBudgetExceeded(
-            f"run {request.run_id!r} has {remaining} tokens left, and this call may use "
+            f"{whose} has {remaining} tokens left, and this call may use "
             f"{needed} (about {needed - request.output_tokens} prompt + max_tokens "
             f"{request.output_tokens}){in_flight}; lower max_tokens, shorten the "
             "conversation, or raise the run's budget"

@@ -13,7 +13,8 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from cairn_gateway.errors import ChatRequestInvalid, NoProviderConfigured
+from cairn_gateway.domain import UnusableProvider
+from cairn_gateway.errors import ChatRequestInvalid, NoProviderConfigured, NoUsableProvider
 from cairn_gateway.provider import ChatProvider
 from cairn_libs.embedding import LOCAL_MODEL_ID, Embedder
 
@@ -35,8 +36,15 @@ class Embeddings:
         providers: Sequence[ChatProvider],
         *,
         local_embedder: Callable[[], Embedder | None],
+        unusable: Sequence[UnusableProvider] = (),
+        default_model: str = "",
     ) -> None:
         self._providers = [p for p in providers if p.config.embedding_model]
+        self._unusable = [u for u in unusable if u.config.embedding_model]
+        # The deployment's default is the first provider in the file with an
+        # embedding model, usable or not: if its key is unset, falling back to the
+        # next one (or the local model) would fill an index with another model's vectors.
+        self._default_model = default_model or LOCAL_MODEL_ID
         self._local_factory = local_embedder
         self._local: Embedder | None = None
         self._local_loaded = False
@@ -44,9 +52,7 @@ class Embeddings:
 
     @property
     def default_model(self) -> str:
-        if self._providers:
-            return self._providers[0].config.embedding_model
-        return LOCAL_MODEL_ID
+        return self._default_model
 
     async def embed(self, texts: Sequence[str], *, model: str = "") -> EmbedResult:
         if len(texts) > MAX_TEXTS:
@@ -60,6 +66,13 @@ class Embeddings:
                 return EmbedResult(
                     provider.config.name, wanted, vectors, len(vectors[0]) if vectors else 0
                 )
+        blocked = [u for u in self._unusable if u.config.embedding_model == wanted]
+        if blocked:
+            reasons = "; ".join(f"{u.config.name!r}: {u.reason}" for u in blocked)
+            raise NoUsableProvider(
+                f"embedding model {wanted!r} is served only by provider(s) this gateway "
+                f"cannot use: {reasons}; the deployment must fix that"
+            )
         if wanted != LOCAL_MODEL_ID:
             known = [p.config.embedding_model for p in self._providers] + [LOCAL_MODEL_ID]
             raise ChatRequestInvalid(

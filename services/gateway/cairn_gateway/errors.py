@@ -12,7 +12,10 @@
     │                              providers failed
     │   └── StreamCut              a stream broke after content reached the caller UNAVAILABLE
     ├── LedgerUnavailable          budget/ceiling state in PostgreSQL unreachable UNAVAILABLE
-    └── NoProviderConfigured       nothing usable for the tier, model or Embed    UNIMPLEMENTED
+    ├── NoUsableProvider           the deployment has no usable provider for the  FAILED_PRECONDITION
+    │                              tier, model or embedding model asked (a key
+    │                              variable unset, a tier no provider serves)
+    └── NoProviderConfigured       the embedder is turned off (CAIRN_EMBEDDER)    UNIMPLEMENTED
 
 Each class also subclasses the cairn_libs error whose code it carries, so the
 shared interceptor maps it; the gateway never builds a gRPC status itself.
@@ -73,6 +76,12 @@ class StreamCut(ProviderUnavailable):
 
 class LedgerUnavailable(GatewayError, DependencyUnavailable):
     pass
+
+
+class NoUsableProvider(GatewayError, Conflict):
+    """A deployment mistake, not the caller's: the request is valid, but no provider
+    this gateway can use serves it. FAILED_PRECONDITION rather than UNIMPLEMENTED,
+    which reads as "this RPC does not exist" and is never worth fixing a config for."""
 
 
 class NoProviderConfigured(GatewayError, NotConfigured):

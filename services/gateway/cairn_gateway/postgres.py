@@ -23,7 +23,7 @@ from cairn_gateway.domain import (
 )
 from cairn_gateway.errors import LedgerUnavailable
 from cairn_gateway.ledger import CeilingGrant
-from cairn_libs.db import Database
+from cairn_libs.db import CONNECTION_ERRORS, Database
 from cairn_libs.errors import DependencyUnavailable
 
 # Longer than any call can take; a crashed gateway's reservations stop counting then.
@@ -31,11 +31,13 @@ RESERVATION_TTL_SECONDS = 900
 # Buckets older than this are never counted again.
 CEILING_RETENTION_SECONDS = 3600
 
-_DB_ERRORS = (
-    OSError,
+# Every way the ledger's database can fail, translated here into LedgerUnavailable
+# (UNAVAILABLE to callers, never INTERNAL). CONNECTION_ERRORS covers a server restart
+# mid-protocol (asyncpg's InternalClientError, which is neither a PostgresError nor an
+# InterfaceError); the door keeps text PostgreSQL cannot store (U+0000) out of here.
+_DB_ERRORS: tuple[type[BaseException], ...] = (
+    *CONNECTION_ERRORS,
     asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    TimeoutError,
     DependencyUnavailable,
 )
 

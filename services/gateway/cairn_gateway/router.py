@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 
@@ -39,13 +39,14 @@ from cairn_gateway.domain import (
     Outcome,
     RequestShape,
     Route,
+    UnusableProvider,
     all_failed_error,
     error_for_attempt,
     estimate_prompt_tokens,
     plan_routes,
     tokens_needed,
 )
-from cairn_gateway.errors import NoProviderConfigured
+from cairn_gateway.errors import NoUsableProvider
 from cairn_gateway.instrumentation import request_attributes, result_attributes, span_name
 from cairn_gateway.ledger import CeilingGrant, Ledger
 from cairn_gateway.provider import AttemptFailed, ChatProvider
@@ -75,7 +76,7 @@ class Router:
         *,
         ledger: Ledger,
         trace_content: bool = False,
-        disabled: Mapping[str, str] | None = None,
+        unusable: Sequence[UnusableProvider] = (),
         cooldowns: CooldownBoard | None = None,
         jitter: random.Random | None = None,
     ) -> None:
@@ -83,8 +84,9 @@ class Router:
         self._configs = tuple(p.config for p in providers)
         self._ledger = ledger
         self._trace_content = trace_content
-        # Providers left out at start-up, with why (e.g. their key variable is unset).
-        self._disabled = dict(disabled or {})
+        # Providers left out at start-up, with why (e.g. their key variable is unset):
+        # a request only they could serve is told so, as the deployment's mistake.
+        self._unusable = tuple(unusable)
         self._cooldowns = cooldowns or CooldownBoard()
         self._jitter = jitter or random.Random()
 
@@ -112,12 +114,13 @@ class Router:
         self, request: ChatRequest, *, org_id: str, stream: bool, time_limit: float | None
     ) -> AsyncGenerator[ContentDelta | ChatResult, None]:
         if not self._providers:
-            reasons = "; ".join(f"{name}: {why}" for name, why in self._disabled.items())
-            raise NoProviderConfigured(
-                f"no model provider is usable ({reasons or 'none configured'})"
+            reasons = "; ".join(f"{u.config.name!r}: {u.reason}" for u in self._unusable)
+            raise NoUsableProvider(
+                f"no model provider is usable ({reasons or 'none configured'}); "
+                "the deployment must fix that"
             )
         deadline = None if time_limit is None else time.monotonic() + time_limit
-        routes = plan_routes(self._configs, request)
+        routes = plan_routes(self._configs, request, unusable=self._unusable)
         reservation = await self._ledger.reserve_run(org_id=org_id, request=request)
         try:
             attempts: list[Attempt] = []

@@ -5,7 +5,7 @@ per session; each test starts with the vendors' scripts and request logs empty.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -26,6 +26,7 @@ from services.gateway.tests.gateway_support import (
     FakeVendor,
     SpanCollector,
     Vendors,
+    acting_metadata,
     provider_yaml,
 )
 
@@ -102,3 +103,14 @@ def stub(channel: grpc.Channel) -> gateway_pb2_grpc.GatewayServiceStub:
 @pytest.fixture
 def metadata(issuer: TokenIssuer, new_org: str) -> tuple[tuple[str, str], ...]:
     return call_metadata(issuer.caller_token(org_id=new_org, user_id="ada", roles=["member"]))
+
+
+@pytest.fixture
+def acting(issuer: TokenIssuer, new_org: str) -> Callable[[str], tuple[tuple[str, str], ...]]:
+    """Metadata of a call made inside a run: the caller's token (Ada, the same org as
+    `metadata`) and the orchestrator's acting credential for that run."""
+
+    def for_run(run_id: str) -> tuple[tuple[str, str], ...]:
+        return acting_metadata(issuer, org_id=new_org, user_id="ada", run_id=run_id)
+
+    return for_run

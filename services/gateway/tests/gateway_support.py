@@ -26,6 +26,8 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.common.v1 import common_pb2
 
 from cairn.gateway.v1 import gateway_pb2
+from cairn_libs.clients import call_metadata
+from cairn_libs.identity import TokenIssuer
 from cairn_libs.stack import (
     ServiceProcess,
 )
@@ -122,6 +124,17 @@ def chat_request(
 
 def new_run_id() -> str:
     return f"run-{uuid.uuid4().hex[:12]}"
+
+
+def acting_metadata(
+    issuer: TokenIssuer, *, org_id: str, user_id: str, run_id: str
+) -> tuple[tuple[str, str], ...]:
+    """A person's token with the orchestrator's acting credential for one run, as the
+    orchestrator sends every call it makes inside that run."""
+    return call_metadata(
+        issuer.caller_token(org_id=org_id, user_id=user_id, roles=["member"]),
+        actor_token=issuer.actor_token(service="orchestrator", run_id=run_id, agent="tester"),
+    )
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,10 @@ def test_the_shipped_example_parses() -> None:
         ("providers: []", "'providers' must be a non-empty list"),
         ("provider: []", "one key, 'providers'"),
         ("providers:\n  - name: a\n    preset: grok\n    models: {fast: m}", "'grok' is not known"),
-        ("providers:\n  - name: a\n    base_url: ftp://x\n    models: {fast: m}", "http(s) URL"),
+        (
+            "providers:\n  - name: a\n    base_url: ftp://x\n    models: {fast: m}",
+            "must start with http:// or https://",
+        ),
         ("providers:\n  - name: a\n    preset: groq\n    models: {quick: m}", "tier 'quick'"),
         ("providers:\n  - name: a\n    preset: groq\n    models: {}", "must map tiers"),
         (
@@ -127,6 +130,118 @@ def test_a_bad_provider_file_is_refused_naming_what_is_wrong(text: str, names: s
     assert refused.value.message.startswith("providers.yaml")
 
 
+def one_provider(*lines: str) -> str:
+    body = "".join(f"\n    {line}" for line in lines)
+    return f"providers:\n  - name: groq-main{body}"
+
+
+@pytest.mark.parametrize(
+    ("base_url", "fix"),
+    [
+        ("https://api.groq.com/openai/v1/chat/completions", "https://api.groq.com/openai/v1"),
+        ("https://api.groq.com/openai/v1/chat/completions/", "https://api.groq.com/openai/v1"),
+        ("https://api.openai.com/v1/embeddings", "https://api.openai.com/v1"),
+        ("http://gpu-7:8000/v1/completions", "http://gpu-7:8000/v1"),
+        ("http://gpu-7:8000/v1/models", "http://gpu-7:8000/v1"),
+        ("https://openrouter.ai/api/v1/Chat/Completions", "https://openrouter.ai/api/v1"),
+    ],
+)
+def test_a_base_url_ending_in_an_endpoint_the_gateway_appends_is_refused_with_the_fix(
+    base_url: str, fix: str
+) -> None:
+    with pytest.raises(ConfigInvalid) as refused:
+        parse_config(
+            one_provider(f"base_url: {base_url}", "models: {fast: m}"), source="providers.yaml"
+        )
+
+    message = refused.value.message
+    assert "(groq-main).base_url" in message
+    assert repr(base_url.rstrip("/")) in message
+    assert f"write {fix!r}" in message
+
+
+@pytest.mark.parametrize(
+    ("lines", "names"),
+    [
+        (("base_url: api.groq.com/openai/v1", "models: {fast: m}"), "http:// or https://"),
+        (("base_url: https:///v1", "models: {fast: m}"), "names no host"),
+        (("base_url: 'https://x/v1?key=1'", "models: {fast: m}"), "without spaces, a query"),
+        (("base_url: https://x:port/v1", "models: {fast: m}"), "is not a URL"),
+        (("base_url: 42", "models: {fast: m}"), "base_url must be the http(s) URL"),
+        (("preset: groq", "timeout_seconds: .nan", "models: {fast: m}"), "timeout_seconds"),
+        (("preset: groq", "timeout_seconds: .inf", "models: {fast: m}"), "timeout_seconds"),
+        (("preset: groq", "cooldown_seconds: .nan", "models: {fast: m}"), "cooldown_seconds"),
+        (("preset: groq", "retry_max_wait_seconds: -.inf", "models: {fast: m}"), "max_wait"),
+        (("preset: groq", "tokens_per_minute: 0", "models: {fast: m}"), "tokens_per_minute"),
+        (("preset: groq", "requests_per_minute: 1.5", "models: {fast: m}"), "requests_per_minute"),
+        (("preset: groq", "models: {fast: '  '}"), "fast must be a non-empty model name"),
+        (("preset: groq", "models: {fast: [a, b]}"), "fast must be a non-empty model name"),
+        (("preset: groq", "models: [fast]"), "must map tiers"),
+        (("preset: groq", "embedding_model: 3", "models: {fast: m}"), "embedding_model"),
+        (("preset: groq", "offline_demo: 'yes'", "models: {fast: m}"), "true or false"),
+        (("preset: 7", "models: {fast: m}"), "preset 7 is not known"),
+        (("preset: groq", "headers: [a]", "models: {fast: m}"), "headers must map"),
+        (("preset: groq", "headers: {'bad name': x}", "models: {fast: m}"), "HTTP header name"),
+        (
+            ("preset: groq", "models: {fast: m}", "timeout_seconds: 5", "timeout_seconds: 50"),
+            "'timeout_seconds' is written twice",
+        ),
+        (("preset: groq", "models: {fast: m}", "models: {deep: n}"), "'models' is written twice"),
+    ],
+)
+def test_each_mistake_in_a_provider_is_refused_at_start_up_naming_it(
+    lines: tuple[str, ...], names: str
+) -> None:
+    with pytest.raises(ConfigInvalid) as refused:
+        parse_config(one_provider(*lines), source="providers.yaml")
+
+    assert names in refused.value.message
+    assert refused.value.message.startswith("providers.yaml")
+
+
+def test_a_control_character_in_a_provider_name_is_refused() -> None:
+    with pytest.raises(ConfigInvalid, match="without control characters"):
+        parse_config(
+            'providers:\n  - name: "a\\0b"\n    preset: groq\n    models: {fast: m}\n',
+            source="providers.yaml",
+        )
+
+
+def test_names_are_compared_after_trimming_so_a_padded_duplicate_is_refused() -> None:
+    with pytest.raises(ConfigInvalid, match=r"\['a'\] repeat"):
+        parse_config(
+            "providers:\n  - {name: a, preset: groq, models: {fast: m}}\n"
+            "  - {name: ' a ', preset: groq, models: {fast: m}}\n",
+            source="providers.yaml",
+        )
+
+
+SECRET = "gsk_0123456789abcdefSECRETSECRET"
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        (f"api_key_env: {SECRET}", "base_url: https://x/v1", "models: {fast: m}"),
+        (f"api_key_env: 'Bearer {SECRET}'", "base_url: https://x/v1", "models: {fast: m}"),
+        (f"base_url: https://user:{SECRET}@x/v1", "models: {fast: m}"),
+        (
+            "base_url: https://x/v1",
+            f'headers: {{api-key: "{SECRET}\\n"}}',
+            "models: {fast: m}",
+        ),
+    ],
+)
+def test_a_key_written_where_it_does_not_belong_is_refused_without_repeating_it(
+    lines: tuple[str, ...],
+) -> None:
+    with pytest.raises(ConfigInvalid) as refused:
+        parse_config(one_provider(*lines), source="providers.yaml")
+
+    assert "(groq-main)" in refused.value.message
+    assert SECRET not in refused.value.message and SECRET[:12] not in refused.value.message
+
+
 def test_retries_and_cooldowns_default_sensibly_and_are_set_per_provider() -> None:
     config = parse_config(
         "providers:\n  - {name: g, preset: groq, models: {fast: m}}\n"
@@ -168,10 +283,12 @@ async def test_a_provider_whose_key_variable_is_unset_is_left_out_with_the_reaso
         source="test",
     )
 
-    providers, disabled = build_providers(config, {"GROQ_API_KEY": "  "})
+    providers, unusable = build_providers(config, {"GROQ_API_KEY": "  "})
 
     assert [p.config.name for p in providers] == ["o"]
-    assert disabled == {"g": "its key variable GROQ_API_KEY is not set"}
+    assert [(u.config.name, u.reason) for u in unusable] == [
+        ("g", "its key variable GROQ_API_KEY is not set")
+    ]
     for provider in providers:
         await provider.aclose()
 

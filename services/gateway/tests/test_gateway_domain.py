@@ -19,6 +19,7 @@ from cairn_gateway.domain import (
     Redactor,
     Route,
     ToolCall,
+    UnusableProvider,
     Usage,
     ceiling_bucket,
     ceiling_window_floor,
@@ -28,7 +29,7 @@ from cairn_gateway.domain import (
     plan_routes,
     tokens_needed,
 )
-from cairn_gateway.errors import ChatRequestInvalid, NoProviderConfigured, RunBudgetExceeded
+from cairn_gateway.errors import ChatRequestInvalid, NoUsableProvider, RunBudgetExceeded
 from cairn_gateway.instrumentation import request_attributes, result_attributes, span_name
 
 
@@ -65,11 +66,35 @@ def test_an_explicit_model_wins_and_takes_the_tier_it_is_listed_under() -> None:
     assert plan_routes(PROVIDERS, ask(model="shared")) == [Route("c", "shared", "fast")]
 
 
-def test_an_unknown_model_or_an_unserved_tier_is_refused() -> None:
+def test_an_unknown_model_is_the_callers_mistake_and_an_unserved_tier_the_deployments() -> None:
     with pytest.raises(ChatRequestInvalid, match="'nope' is not configured"):
         plan_routes(PROVIDERS, ask(model="nope"))
-    with pytest.raises(NoProviderConfigured, match="no provider serves tier 'deep'"):
+    with pytest.raises(NoUsableProvider, match="no provider for tier 'deep'; tiers served: fast"):
         plan_routes([PROVIDERS[0]], ask(tier="deep"))
+
+
+KEYLESS = UnusableProvider(
+    provider("k", deep="k-big", fast="k-small"), "its key variable K_API_KEY is not set"
+)
+
+
+def test_a_tier_only_an_unusable_provider_serves_names_the_provider_and_why() -> None:
+    with pytest.raises(NoUsableProvider) as refused:
+        plan_routes([PROVIDERS[0]], ask(tier="deep"), unusable=[KEYLESS])
+
+    assert "no usable provider serves tier 'deep'" in refused.value.message
+    assert "'k': its key variable K_API_KEY is not set" in refused.value.message
+
+
+def test_a_model_only_an_unusable_provider_lists_is_the_deployments_mistake() -> None:
+    with pytest.raises(NoUsableProvider, match="model 'k-big' is configured only on provider"):
+        plan_routes([PROVIDERS[0]], ask(model="k-big"), unusable=[KEYLESS])
+
+
+def test_usable_providers_are_routed_to_and_unusable_ones_never() -> None:
+    routes = plan_routes([PROVIDERS[0]], ask(tier="fast"), unusable=[KEYLESS])
+
+    assert routes == [Route("a", "a-small", "fast")]
 
 
 def with_tool_history(**fields: object) -> ChatRequest:

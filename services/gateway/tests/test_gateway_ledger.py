@@ -6,13 +6,16 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
+import asyncpg
 import pytest
 
 from cairn_gateway.app import MIGRATIONS, SCHEMA
 from cairn_gateway.config import ProviderConfig
 from cairn_gateway.domain import ChatMessage, ChatRequest
 from cairn_gateway.errors import LedgerUnavailable, RunBudgetExceeded
+from cairn_gateway.ledger import CeilingGrant
 from cairn_gateway.postgres import PostgresLedger
 from cairn_libs.db import Database, load_migrations
 
@@ -147,3 +150,43 @@ async def test_with_the_database_down_a_ceiling_fails_closed_and_a_budget_is_una
     assert grant is not None and not grant.granted and "unreachable" in grant.detail
     with pytest.raises(LedgerUnavailable, match="cannot reserve run 'r'"):
         await down.reserve_run(org_id=new_org, request=call("r", budget=1000))
+
+
+class _BrokenMidProtocol:
+    """A pool whose connections fail the way asyncpg does when the server restarts
+    in the middle of a query ("got result for unknown protocol state"): with an
+    InternalClientError, which is neither a PostgresError nor an InterfaceError. Not
+    reproducible on demand against a real server, so it stands in for one here."""
+
+    def acquire(self) -> _BrokenMidProtocol:
+        return self
+
+    async def __aenter__(self) -> None:
+        raise asyncpg.InternalClientError("got result for unknown protocol state 3")
+
+    async def __aexit__(self, *_: object) -> None:
+        return None
+
+
+class _RestartingDatabase(Database):
+    @property
+    def pool(self) -> Any:
+        return _BrokenMidProtocol()
+
+
+async def test_a_database_restart_mid_protocol_is_unavailable_never_internal(
+    new_org: str,
+) -> None:
+    restarting = PostgresLedger(
+        _RestartingDatabase(url="postgresql://unused", schema=SCHEMA, migrations=[])
+    )
+
+    with pytest.raises(LedgerUnavailable, match=r"unreachable \(InternalClientError\)"):
+        await restarting.reserve_run(org_id=new_org, request=call("r", budget=1000))
+    grant = await restarting.take_ceiling(limited("any", tpm=100), 1)
+    assert grant is not None and not grant.granted
+    assert "ceiling state unreachable (InternalClientError)" in grant.detail
+    # Giving back is best effort: the rows expire on their own.
+    await restarting.release_run("00000000-0000-0000-0000-000000000000")
+    settled = CeilingGrant(provider="any", bucket_start=0, tokens=10, granted=True)
+    await restarting.settle_ceiling(settled, 3)

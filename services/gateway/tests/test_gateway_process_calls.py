@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -14,17 +15,21 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from cairn.gateway.v1 import gateway_pb2, gateway_pb2_grpc
+from cairn_libs.clients import call_metadata
+from cairn_libs.identity import TokenIssuer
 from cairn_libs.stack import ServiceProcess, wait_until
 from services.gateway.tests.gateway_support import (
     ALPHA_KEY,
     SpanCollector,
     Vendors,
+    acting_metadata,
     chat_request,
     new_run_id,
     user,
 )
 
 Metadata = tuple[tuple[str, str], ...]
+Acting = Callable[[str], Metadata]
 pb = gateway_pb2
 
 
@@ -569,9 +574,11 @@ def test_a_pin_without_tool_calls_in_the_history_leaves_failover_in_order(
 
 
 def test_a_call_that_cannot_fit_the_run_budget_is_refused_before_anything_is_sent(
-    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, metadata: Metadata
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, acting: Acting
 ) -> None:
-    request = chat_request(run_id=new_run_id(), remaining_budget_tokens=500)  # needs ~1030
+    run_id = new_run_id()
+    metadata = acting(run_id)
+    request = chat_request(run_id=run_id, remaining_budget_tokens=500)  # needs ~1030
 
     error = rpc_error(lambda: stub.Chat(request, metadata=metadata, timeout=10))
     stream_error = rpc_error(
@@ -588,21 +595,23 @@ def test_a_call_that_cannot_fit_the_run_budget_is_refused_before_anything_is_sen
 
 
 def test_a_call_that_fits_the_run_budget_is_sent(
-    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, metadata: Metadata
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, acting: Acting
 ) -> None:
-    request = chat_request(run_id=new_run_id(), remaining_budget_tokens=200, max_tokens=100)
+    run_id = new_run_id()
+    request = chat_request(run_id=run_id, remaining_budget_tokens=200, max_tokens=100)
 
-    response = stub.Chat(request, metadata=metadata, timeout=10)
+    response = stub.Chat(request, metadata=acting(run_id), timeout=10)
 
     assert response.provider == "alpha"
 
 
 def test_concurrent_calls_of_one_run_cannot_together_pass_its_budget(
-    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, metadata: Metadata
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, acting: Acting
 ) -> None:
     # Each call needs max_tokens 100 + a few prompt tokens; 250 holds two at a time.
     vendors.alpha.script(*[{"action": "hang", "seconds": 0.5}] * 6)
     run_id = new_run_id()
+    metadata = acting(run_id)
     request = chat_request("hi", run_id=run_id, remaining_budget_tokens=250, max_tokens=100)
 
     def call(_: int) -> str:
@@ -621,6 +630,55 @@ def test_concurrent_calls_of_one_run_cannot_together_pass_its_budget(
     assert results.count("RESOURCE_EXHAUSTED") == 6 - sent
     # Finished calls gave their reservations back.
     assert stub.Chat(request, metadata=metadata, timeout=10).provider == "alpha"
+
+
+def test_a_member_cannot_reserve_against_or_exhaust_another_members_run(
+    stub: gateway_pb2_grpc.GatewayServiceStub,
+    vendors: Vendors,
+    acting: Acting,
+    issuer: TokenIssuer,
+    new_org: str,
+) -> None:
+    """A run's budget is keyed by (org, run id). Bob, in Ada's org, names her run with
+    a huge reservation: he must be refused before anything is reserved or sent, with
+    his own token alone and with the acting credential of a run of his own, and the
+    refusal must say nothing about her run. Her run's budget is then untouched."""
+    ada_run = new_run_id()
+    bob_alone = call_metadata(issuer.caller_token(org_id=new_org, user_id="bob", roles=["member"]))
+    bob_in_his_run = acting_metadata(issuer, org_id=new_org, user_id="bob", run_id=new_run_id())
+    hostile = chat_request("hi", run_id=ada_run, remaining_budget_tokens=10**9, max_tokens=900_000)
+
+    refusals = [
+        rpc_error(lambda m=m: stub.Chat(hostile, metadata=m, timeout=10))
+        for m in (bob_alone, bob_in_his_run)
+    ]
+    streamed = rpc_error(
+        lambda: list(
+            stub.ChatStream(pb.ChatStreamRequest(chat=hostile), metadata=bob_alone, timeout=10)
+        )
+    )
+
+    for refused in (*refusals, streamed):
+        assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"run_id {ada_run!r}" in refused.details()
+        assert "tokens left" not in refused.details() and "reserved" not in refused.details()
+    assert all(v.requests() == [] for v in vendors.all())
+    # Ada's run still has its whole budget: a call needing nearly all of it fits.
+    ada = chat_request("hi", run_id=ada_run, remaining_budget_tokens=1002, max_tokens=1000)
+    assert stub.Chat(ada, metadata=acting(ada_run), timeout=10).provider == "alpha"
+
+
+def test_a_call_outside_a_run_may_bound_itself_with_a_budget_shared_with_nobody(
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, metadata: Metadata
+) -> None:
+    too_small = chat_request("hi", remaining_budget_tokens=50, max_tokens=100)
+    fits = chat_request("hi", remaining_budget_tokens=200, max_tokens=100)
+
+    refused = rpc_error(lambda: stub.Chat(too_small, metadata=metadata, timeout=10))
+
+    assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "this call's budget has 50 tokens left" in refused.details()
+    assert stub.Chat(fits, metadata=metadata, timeout=10).provider == "alpha"
 
 
 # --- identity, secrets, listing ----------------------------------------------------
@@ -663,7 +721,7 @@ def test_no_api_key_appears_in_the_gateway_log(
 def test_no_prompt_or_answer_text_appears_in_logs_spans_or_errors_even_when_echoed(
     stub: gateway_pb2_grpc.GatewayServiceStub,
     vendors: Vendors,
-    metadata: Metadata,
+    acting: Acting,
     gateway: ServiceProcess,
     span_collector: SpanCollector,
 ) -> None:
@@ -671,6 +729,7 @@ def test_no_prompt_or_answer_text_appears_in_logs_spans_or_errors_even_when_echo
     prompt = "Draft the dismissal letter for Marguerite Okonkwo-Vasquez, payroll QX-7731"
     answer = "Dear Ms Okonkwo-Vasquez, regarding payroll QX-7731"
     run_id = new_run_id()
+    metadata = acting(run_id)
     request = chat_request(prompt, run_id=run_id)
     # Vendors quote the request back in their errors; the gateway must not pass it on.
     vendors.alpha.script(
@@ -753,7 +812,7 @@ def test_embed_goes_to_the_provider_that_serves_the_embedding_model(
 def test_each_attempt_is_a_chat_span_with_genai_attributes_and_no_prompt_or_key(
     stub: gateway_pb2_grpc.GatewayServiceStub,
     vendors: Vendors,
-    metadata: Metadata,
+    acting: Acting,
     span_collector: SpanCollector,
 ) -> None:
     prompt = "Summarise the disciplinary file of employee QZXW-4471 for the board"
@@ -762,7 +821,9 @@ def test_each_attempt_is_a_chat_span_with_genai_attributes_and_no_prompt_or_key(
     vendors.alpha.script({"action": "status", "status": 500})
     vendors.beta.script({"action": "answer", "content": answer})
 
-    stub.Chat(chat_request(prompt, tier=pb.TIER_FAST, run_id=run_id), metadata=metadata, timeout=10)
+    stub.Chat(
+        chat_request(prompt, tier=pb.TIER_FAST, run_id=run_id), metadata=acting(run_id), timeout=10
+    )
 
     (failed,) = span_collector.wait_for("chat alpha-fast", run_id=run_id)
     (answered,) = span_collector.wait_for("chat beta-fast", run_id=run_id)

@@ -14,11 +14,14 @@ from cairn.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from cairn_libs.stack import (
     ServiceProcess,
     free_port,
+    health_status,
+    log_events,
     serving,
     start_fake_provider,
     start_service,
     wait_for_health,
     wait_for_http,
+    wait_until,
 )
 from services.gateway.tests.gateway_support import FakeVendor, chat_request
 from services.gateway.tests.test_gateway_process_calls import retry_delay_seconds
@@ -118,6 +121,155 @@ def test_a_provider_that_is_down_is_reported_in_the_attempts_and_the_gateway_sta
         wait_for_health(proc, want="SERVING", timeout=2)
     finally:
         proc.stop()
+
+
+# --- operators: what start-up says, and what a deployment mistake reads as ----------
+
+UNSET_KEY = "CAIRN_TEST_NEVER_SET_KEY"
+
+
+def events_named(proc: ServiceProcess, event: str) -> list[dict[str, object]]:
+    return [e for e in log_events(proc) if e.get("event") == event]
+
+
+@pytest.fixture(scope="module")
+def half_keyed_gateway(
+    offline_vendor: FakeVendor, service_env: dict[str, str], module_logs: Path
+) -> Iterator[ServiceProcess]:
+    """Two providers; the one serving deep and embeddings names a key variable that is
+    unset. Started at WARNING, the level an operator quiets a busy gateway with."""
+    config = module_logs / "half-keyed.yaml"
+    config.write_text(
+        "providers:\n"
+        f"  - name: keyed\n    base_url: {offline_vendor.url}/v1\n    api_key_env: {UNSET_KEY}\n"
+        "    embedding_model: keyed-embed\n"
+        "    models: {balanced: keyed-balanced, deep: keyed-deep}\n"
+        f"  - name: open\n    base_url: {offline_vendor.url}/v1\n"
+        "    models: {balanced: open-balanced}\n"
+    )
+    env = {
+        **service_env,
+        "CAIRN_GATEWAY_CONFIG": str(config),
+        "CAIRN_LOG_LEVEL": "WARNING",
+        "CAIRN_EMBEDDER": "local",
+    }
+    env.pop(UNSET_KEY, None)
+    with serving("gateway", env=env, log_dir=module_logs, suffix="-half-keyed") as proc:
+        yield proc
+
+
+def test_at_warning_level_start_up_still_says_which_configuration_was_loaded(
+    half_keyed_gateway: ServiceProcess,
+) -> None:
+    (loaded,) = events_named(half_keyed_gateway, "gateway.config_loaded")
+    providers = {e["provider"]: e for e in events_named(half_keyed_gateway, "gateway.provider")}
+
+    assert loaded["source"].endswith("half-keyed.yaml")  # type: ignore[union-attr]
+    assert loaded["providers"] == ["keyed", "open"] and loaded["usable"] == ["open"]
+    assert loaded["unusable"] == {"keyed": f"its key variable {UNSET_KEY} is not set"}
+    assert loaded["keys_set"] == {UNSET_KEY: False}
+    assert loaded["tiers"] == {"fast": [], "balanced": ["open"], "deep": []}
+    # The unusable provider is a warning of its own, with why; the usable one is
+    # info, filtered out at this level like every other info line.
+    assert set(providers) == {"keyed"}
+    assert providers["keyed"]["level"] == "warning" and providers["keyed"]["usable"] is False
+    assert not events_named(half_keyed_gateway, "rpc.ok")
+
+
+@pytest.mark.parametrize(
+    ("request_", "names"),
+    [
+        (chat_request(tier=gateway_pb2.TIER_DEEP), ["tier 'deep'", "'keyed'", UNSET_KEY]),
+        (chat_request(tier=gateway_pb2.TIER_FAST), ["no provider for tier 'fast'", "balanced"]),
+        (chat_request(model="keyed-deep"), ["model 'keyed-deep'", "'keyed'", UNSET_KEY]),
+    ],
+    ids=["tier served only by a keyless provider", "tier nobody serves", "model of a keyless"],
+)
+def test_a_deployment_mistake_is_failed_precondition_naming_the_tier_and_why(
+    half_keyed_gateway: ServiceProcess,
+    metadata: Metadata,
+    request_: gateway_pb2.ChatRequest,
+    names: list[str],
+) -> None:
+    with grpc.insecure_channel(half_keyed_gateway.address) as channel:
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Chat(request_, metadata=metadata, timeout=10)
+
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    for name in names:
+        assert name in (refused.value.details() or "")
+
+
+def test_the_usable_provider_still_answers_and_the_default_embedder_is_not_swapped(
+    half_keyed_gateway: ServiceProcess, metadata: Metadata
+) -> None:
+    with grpc.insecure_channel(half_keyed_gateway.address) as channel:
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+        answered = stub.Chat(chat_request(), metadata=metadata, timeout=10)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Embed(gateway_pb2.EmbedRequest(texts=["x"]), metadata=metadata, timeout=10)
+
+    assert answered.provider == "open"
+    # The deployment's embedding model is keyed's; the local model must not stand in.
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "'keyed-embed'" in (refused.value.details() or "")
+
+
+def test_a_gateway_with_no_usable_provider_is_not_serving_and_says_why(
+    offline_vendor: FakeVendor, service_env: dict[str, str], module_logs: Path, metadata: Metadata
+) -> None:
+    config = module_logs / "no-key.yaml"
+    config.write_text(
+        f"providers:\n  - name: keyed\n    base_url: {offline_vendor.url}/v1\n"
+        f"    api_key_env: {UNSET_KEY}\n    models: {{balanced: m}}\n"
+    )
+    env = {**service_env, "CAIRN_GATEWAY_CONFIG": str(config)}
+    env.pop(UNSET_KEY, None)
+    proc = start_service("gateway", port=free_port(), env=env, log_dir=module_logs, suffix="-nokey")
+    try:
+        # The first readiness check, whatever it finds, is logged: wait for it.
+        (health,) = wait_until(lambda: events_named(proc, "service.health"), timeout=30)
+        assert health["serving"] is False
+        assert health_status(proc.address) == "NOT_SERVING"
+        (alarm,) = events_named(proc, "gateway.no_usable_provider")
+        assert alarm["level"] == "error"
+        with grpc.insecure_channel(proc.address) as channel:
+            stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Chat(chat_request(), metadata=metadata, timeout=10)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "no model provider is usable" in (refused.value.details() or "")
+        assert UNSET_KEY in (refused.value.details() or "")
+    finally:
+        proc.stop()
+
+
+def test_a_base_url_that_ends_in_chat_completions_stops_the_gateway_at_start_up(
+    service_env: dict[str, str], module_logs: Path
+) -> None:
+    config = module_logs / "suffixed.yaml"
+    config.write_text(
+        "providers:\n  - name: groq\n"
+        "    base_url: https://api.groq.com/openai/v1/chat/completions\n"
+        "    models: {balanced: m}\n"
+    )
+    proc = start_service(
+        "gateway",
+        port=free_port(),
+        env={**service_env, "CAIRN_GATEWAY_CONFIG": str(config)},
+        log_dir=module_logs,
+        suffix="-suffixed",
+    )
+    try:
+        returncode = proc.process.wait(timeout=30)
+    finally:
+        proc.stop()
+
+    assert returncode != 0
+    log = proc.log_text()
+    assert "(groq).base_url 'https://api.groq.com/openai/v1/chat/completions'" in log
+    assert "write 'https://api.groq.com/openai/v1'" in log
 
 
 # --- two replicas, one ceiling ---------------------------------------------------
