@@ -11,14 +11,16 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
+import hashlib
 import re
 import unicodedata
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Final
 
+from cairn_libs import subject_access
 from cairn_libs.identity import CallIdentity
 from cairn_memory.errors import NotOneSentence, RefusedInput, SecretInText
 from cairn_memory.screening import secret_kind, sentence_count
@@ -44,6 +46,12 @@ MAX_CONVERSATION_ID_CHARS: Final = 256
 DEFAULT_TTL: Final = timedelta(days=90)
 DEFAULT_HELD_PAGE: Final = 100
 MAX_HELD_PAGE: Final = 1000
+MAX_PAGE_TOKEN_CHARS: Final = 512
+# What a refusal shows of a caller's value: enough to recognise it, never a wall of text.
+MAX_ECHO_CHARS: Final = 64
+# The instants google.protobuf.Timestamp can carry; PostgreSQL holds a wider range.
+EARLIEST: Final = datetime(1, 1, 1, tzinfo=UTC)
+LATEST: Final = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
 
 _FACT_KEY = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _BLOCK_ID = re.compile(r"[rR]?([0-9]{1,18})", re.ASCII)
@@ -92,16 +100,14 @@ class Subject:
     id: str = ""
 
 
-SUBJECT_ACCESS_ROLES = frozenset({"admin", "privacy_officer"})
-
-
 def may_handle_subject_records(subject: Subject, *, user_id: str, roles: tuple[str, ...]) -> bool:
     """Who may list (Held) or erase (Forget) everything about a subject: an org admin
     or privacy officer, or the person themselves for their own USER subject. Anyone
-    else would learn what the company holds about a colleague or a candidate."""
-    if SUBJECT_ACCESS_ROLES.intersection(roles):
-        return True
-    return subject.kind is SubjectKind.USER and subject.id == user_id
+    else would learn what the company holds about a colleague or a candidate. The
+    rule lives in libs, because the orchestrator's ForgetCopies applies it too."""
+    return subject_access.may_handle_subject_records(
+        subject.kind.value, subject.id, user_id=user_id, roles=roles
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,10 +231,12 @@ class Erasure:
 
 @dataclass(frozen=True, slots=True)
 class HeldCursor:
-    """Where a page of Held ended: the last memory on it (pages run newest first)."""
+    """Where a page of Held ended: the last memory on it (pages run newest first).
+    `scope` names the org and subject the page belongs to (see `held_scope`)."""
 
     created_at: datetime
     memory_id: str
+    scope: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +247,7 @@ class HeldQuery:
     subject: Subject
     page_size: int
     after: HeldCursor | None = None
+    scope: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,7 +346,9 @@ def subject_from(
         raise RefusedInput(
             f"{field_name}.kind is required: one of {', '.join(k.value for k in SubjectKind)}"
         )
+    refuse_unstorable(subject_id, field_name=f"{field_name}.id")
     subject_id = subject_id.strip()
+    refuse_secret(subject_id, field_name=f"{field_name}.id")
     if kind.is_person and not subject_id:
         raise RefusedInput(
             f"{field_name}.id is required for a {kind.value} subject: "
@@ -345,7 +356,7 @@ def subject_from(
         )
     if not kind.is_person and subject_id:
         raise RefusedInput(
-            f"{field_name}.id must be empty for a WORKSPACE subject, got {subject_id!r}"
+            f"{field_name}.id must be empty for a WORKSPACE subject, got {shown(subject_id)}"
         )
     if len(subject_id) > MAX_SUBJECT_ID_CHARS:
         raise RefusedInput(
@@ -355,6 +366,7 @@ def subject_from(
 
 
 def refuse_secret(value: str, *, field_name: str) -> None:
+    """Refuse `value` when it looks like it holds a secret, naming only the kind."""
     kind = secret_kind(value)
     if kind is not None:
         raise SecretInText(
@@ -363,8 +375,44 @@ def refuse_secret(value: str, *, field_name: str) -> None:
         )
 
 
+def refuse_unstorable(value: str, *, field_name: str) -> None:
+    """U+0000 is the one character PostgreSQL text cannot hold: refused here, naming
+    the field, rather than failing in the database as if it were down."""
+    if "\x00" in value:
+        raise RefusedInput(
+            f"{field_name} contains the character U+0000 (NUL), which cannot be stored; "
+            "remove it and send the request again"
+        )
+
+
+def shown(value: str) -> str:
+    """A caller's value as a refusal quotes it: repr'd and cut short, and never at all
+    when it looks like a secret (a mistyped field can still hold one)."""
+    kind = secret_kind(value)
+    if kind is not None:
+        return f"(a value that looks like it contains {kind}, not repeated here)"
+    if len(value) > MAX_ECHO_CHARS:
+        return f"{value[:MAX_ECHO_CHARS]!r}... ({len(value)} characters)"
+    return repr(value)
+
+
+def refuse_secrets_in_block(*, label: str, role: str, content: str, conversation_id: str) -> None:
+    """What Archive refuses before anything else: text PostgreSQL cannot store, and
+    secrets in the block's label or its verbatim content."""
+    for name, value in (
+        ("label", label),
+        ("role", role),
+        ("content", content),
+        ("conversation_id", conversation_id),
+    ):
+        refuse_unstorable(value, field_name=name)
+    refuse_secret(label, field_name="label")
+    refuse_secret(content, field_name="content")
+
+
 def checked_sentence(text: str) -> str:
     """The memory text, stripped, if it is one sentence of at most 300 characters."""
+    refuse_unstorable(text, field_name="text")
     text = text.strip()
     if not text:
         raise NotOneSentence("text is empty; a memory is one sentence")
@@ -386,6 +434,7 @@ def checked_sentence(text: str) -> str:
 def _checked_tags(tags: Sequence[str]) -> tuple[str, ...]:
     kept: list[str] = []
     for index, raw in enumerate(tags):
+        refuse_unstorable(raw, field_name=f"tags[{index}]")
         tag = raw.strip()
         if not tag:
             raise RefusedInput(f"tags[{index}] is empty; a tag is 1-{MAX_TAG_CHARS} characters")
@@ -412,7 +461,8 @@ def _checked_supersedes(ids: Sequence[str]) -> tuple[str, ...]:
             memory_id = str(uuid.UUID(raw.strip()))
         except ValueError:
             raise RefusedInput(
-                f"supersedes[{index}] = {raw!r} is not a memory id (a UUID as Remember returns)"
+                f"supersedes[{index}] = {shown(raw)} is not a memory id "
+                "(a UUID as Remember returns)"
             ) from None
         if memory_id not in kept:
             kept.append(memory_id)
@@ -434,6 +484,13 @@ def new_memory(
         raise RefusedInput(
             f"importance {draft.importance!r} is out of range; use 1-5 (0 means the default of 2)"
         )
+    for name, moment in (
+        ("event_at", draft.event_at),
+        ("valid_from", draft.valid_from),
+        ("valid_until", draft.valid_until),
+    ):
+        if moment is not None:
+            checked_moment(moment, field_name=name)
     if (
         draft.valid_from is not None
         and draft.valid_until is not None
@@ -443,15 +500,7 @@ def new_memory(
             f"valid_until {draft.valid_until.isoformat()!r} is not after valid_from "
             f"{draft.valid_from.isoformat()!r}; a validity window must end after it starts"
         )
-    for name, moment in (
-        ("event_at", draft.event_at),
-        ("valid_from", draft.valid_from),
-        ("valid_until", draft.valid_until),
-    ):
-        if moment is not None and moment.tzinfo is None:
-            raise RefusedInput(
-                f"{name} {moment.isoformat()!r} has no time zone; give one explicitly"
-            )
+    refuse_unstorable(draft.source_ref, field_name="source_ref")
     source_ref = draft.source_ref.strip()
     if len(source_ref) > MAX_SOURCE_REF_CHARS:
         raise RefusedInput(
@@ -477,6 +526,24 @@ def new_memory(
     )
 
 
+def checked_moment(moment: datetime, *, field_name: str) -> datetime:
+    """`moment` if it is a time-zone-aware instant within what a Timestamp carries."""
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise RefusedInput(
+            f"{field_name} {moment.isoformat()!r} has no time zone; give one explicitly"
+        )
+    try:
+        in_utc = moment.astimezone(UTC)
+    except OverflowError:
+        in_utc = None
+    if in_utc is None or not EARLIEST <= in_utc <= LATEST:
+        raise RefusedInput(
+            f"{field_name} {moment.isoformat()!r} is out of range; give a time between "
+            "0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z"
+        )
+    return in_utc
+
+
 def normalised_text(text: str) -> str:
     """The form two texts are compared in for "the same text about the same subject":
     Unicode-normalised, whitespace collapsed, case folded."""
@@ -493,40 +560,54 @@ def effective_state(stored: MemoryState, *, expires_at: datetime, now: datetime)
 # --- subject access ---------------------------------------------------------------
 
 
+def held_scope(*, org_id: str, subject: Subject) -> str:
+    """What a page token is bound to: one org's one subject. Not a secret (the cursor
+    only positions a listing the caller may read anyway), but a token of another
+    listing is refused rather than silently paging the wrong one."""
+    named = "\x1f".join((org_id, subject.kind.value, subject.id)).encode()
+    return hashlib.sha256(named).hexdigest()[:16]
+
+
 def format_page_token(cursor: HeldCursor) -> str:
-    raw = f"{cursor.created_at.isoformat()}|{cursor.memory_id}".encode()
+    raw = f"{cursor.created_at.isoformat()}|{cursor.memory_id}|{cursor.scope}".encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
 def parse_page_token(token: str) -> HeldCursor:
     """The cursor a next_page_token names; refused when it is not one Held gave out."""
     refusal = RefusedInput(
-        f"page_token {token!r} is not a token Held gave out; pass next_page_token from "
-        "the previous page unchanged, or leave it empty for the first page"
+        f"page_token {shown(token)} is not a token Held gave out; pass next_page_token "
+        "from the previous page unchanged, or leave it empty for the first page"
     )
+    if len(token) > MAX_PAGE_TOKEN_CHARS:
+        raise refusal
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
-        moment, memory_id = raw.split("|")
+        moment, memory_id, scope = raw.split("|")
         created_at = datetime.fromisoformat(moment)
         memory_id = str(uuid.UUID(memory_id))
-    except (binascii.Error, UnicodeDecodeError, ValueError):
+        checked_moment(created_at, field_name="page_token")
+    except (binascii.Error, UnicodeDecodeError, ValueError, OverflowError, RefusedInput):
         raise refusal from None
-    if created_at.tzinfo is None:
-        raise refusal
-    return HeldCursor(created_at=created_at, memory_id=memory_id)
+    return HeldCursor(created_at=created_at, memory_id=memory_id, scope=scope)
 
 
-def held_query(subject: Subject, *, page_size: int, page_token: str) -> HeldQuery:
+def held_query(subject: Subject, *, page_size: int, page_token: str, org_id: str) -> HeldQuery:
     if page_size < 0 or page_size > MAX_HELD_PAGE:
         raise RefusedInput(
             f"page_size {page_size!r} is out of range; use 1-{MAX_HELD_PAGE} "
             f"(0 means the default of {DEFAULT_HELD_PAGE})"
         )
+    scope = held_scope(org_id=org_id, subject=subject)
     token = page_token.strip()
+    after = parse_page_token(token) if token else None
+    if after is not None and after.scope != scope:
+        raise RefusedInput(
+            "page_token was given out for another subject's listing; pass the "
+            "next_page_token of this subject's previous page, or leave it empty for the first page"
+        )
     return HeldQuery(
-        subject=subject,
-        page_size=page_size or DEFAULT_HELD_PAGE,
-        after=parse_page_token(token) if token else None,
+        subject=subject, page_size=page_size or DEFAULT_HELD_PAGE, after=after, scope=scope
     )
 
 
@@ -543,10 +624,15 @@ def profile_update(
     now: datetime,
     ttl: timedelta,
 ) -> ProfileUpdate:
+    for name, given in (("fact_key", fact_key), ("value", value)):
+        refuse_unstorable(given, field_name=name)
+        refuse_secret(given, field_name=name)
+    if previous_value is not None:
+        refuse_unstorable(previous_value, field_name="previous_value")
     key = fact_key.strip()
     if not _FACT_KEY.fullmatch(key):
         raise RefusedInput(
-            f"fact_key {fact_key!r} is not a fact key; use lower-case letters, digits and "
+            f"fact_key {shown(fact_key)} is not a fact key; use lower-case letters, digits and "
             "underscores, starting with a letter, at most 64 characters (e.g. 'coffee_preference')"
         )
     value = value.strip()
@@ -556,7 +642,6 @@ def profile_update(
         raise RefusedInput(f"value is {len(value)} characters; at most {MAX_FACT_VALUE_CHARS}")
     if "\n" in value or "\r" in value:
         raise RefusedInput("value spans several lines; a profile fact is one line")
-    refuse_secret(value, field_name="value")
     return ProfileUpdate(
         subject=subject,
         fact_key=key,
@@ -584,6 +669,7 @@ def recall_query(
         )
     if len(query) > MAX_QUERY_CHARS:
         raise RefusedInput(f"query is {len(query)} characters; at most {MAX_QUERY_CHARS}")
+    refuse_unstorable(query, field_name="query")
     if include_profile and subject is None:
         raise RefusedInput(
             "include_profile needs a subject: a profile belongs to one subject, so name it"
@@ -678,6 +764,8 @@ def block_search(*, query: str, limit: int, conversation_id: str) -> BlockSearch
         raise RefusedInput(
             f"limit {limit!r} is out of range; use 1-{MAX_BLOCK_LIMIT} (0 means the default of {DEFAULT_BLOCK_LIMIT})"
         )
+    refuse_unstorable(query, field_name="query")
+    refuse_unstorable(conversation_id, field_name="conversation_id")
     query = query.strip()
     if not query:
         raise RefusedInput("query is empty; give the words to search the archive for")

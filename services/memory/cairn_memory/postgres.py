@@ -19,7 +19,7 @@ from typing import Any, Final
 import asyncpg
 from opentelemetry import trace
 
-from cairn_libs.db import Database, Migration, load_migrations, vector_literal
+from cairn_libs.db import CONNECTION_ERRORS, Database, Migration, load_migrations, vector_literal
 from cairn_libs.errors import Denied
 from cairn_memory.domain import (
     Author,
@@ -43,8 +43,14 @@ from cairn_memory.domain import (
     SubjectKind,
     effective_state,
     normalised_text,
+    shown,
 )
-from cairn_memory.errors import ProfileValueChanged, StorageUnavailable, SupersedesNotActive
+from cairn_memory.errors import (
+    ProfileValueChanged,
+    RefusedInput,
+    StorageUnavailable,
+    SupersedesNotActive,
+)
 from cairn_memory.vault import StoredText, TextVault
 
 SCHEMA: Final = "memory"
@@ -154,14 +160,16 @@ class PostgresStore:
         try:
             async with pool.acquire(timeout=5) as conn:
                 yield conn
-        except (
-            OSError,
-            TimeoutError,
-            asyncpg.PostgresConnectionError,
-            asyncpg.InterfaceError,
-            asyncpg.CannotConnectNowError,
-        ) as exc:
+        except CONNECTION_ERRORS as exc:
             raise StorageUnavailable("the memory database is not reachable; retry shortly") from exc
+        except asyncpg.DataError as exc:
+            # The domain refuses what PostgreSQL cannot hold before it gets here; should a
+            # value still slip through, it is the request's fault, not an outage, and
+            # the database's message (which may quote the value) is not passed on.
+            raise RefusedInput(
+                "a value in the request cannot be stored (out of range or not valid text); "
+                "check the request's times and text and send it again"
+            ) from exc
 
     # --- memories -----------------------------------------------------------------
 
@@ -359,7 +367,9 @@ class PostgresStore:
                 memory_rows = memory_rows[: query.page_size]
                 last = memory_rows[-1]
                 next_page = HeldCursor(
-                    created_at=last["created_at"], memory_id=str(last["memory_id"])
+                    created_at=last["created_at"],
+                    memory_id=str(last["memory_id"]),
+                    scope=query.scope,
                 )
             if after is not None:
                 return HeldAbout(
@@ -840,7 +850,7 @@ def _check_previous(update: ProfileUpdate, *, live: bool, current_value: str | N
     if not live:
         if expected:
             raise ProfileValueChanged(
-                f"previous_value {expected!r} does not match: {key!r} has no current value; "
+                f"previous_value {shown(expected)} does not match: {key!r} has no current value; "
                 "send previous_value '' (or leave it unset) to set it"
             )
         return
@@ -851,6 +861,6 @@ def _check_previous(update: ProfileUpdate, *, live: bool, current_value: str | N
         )
     if current_value != expected:
         raise ProfileValueChanged(
-            f"previous_value {expected!r} is not the current value of {key!r}; "
+            f"previous_value {shown(expected or '')} is not the current value of {key!r}; "
             "read the profile again (Held or Recall with include_profile) and retry"
         )

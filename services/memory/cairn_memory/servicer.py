@@ -35,6 +35,7 @@ from cairn_memory.domain import (
     format_page_token,
     held_query,
     recall_query,
+    refuse_secrets_in_block,
     subject_from,
 )
 from cairn_memory.errors import RefusedInput
@@ -120,7 +121,14 @@ def _time_from_proto(message: Any, field_name: str) -> datetime | None:
     if not message.HasField(field_name):
         return None
     stamp: timestamp_pb2.Timestamp = getattr(message, field_name)
-    return stamp.ToDatetime(tzinfo=UTC)
+    try:
+        return stamp.ToDatetime(tzinfo=UTC)
+    except (ValueError, OverflowError):
+        raise RefusedInput(
+            f"{field_name} (seconds={stamp.seconds}, nanos={stamp.nanos}) is out of range; "
+            "give a time between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z with nanos "
+            "0-999999999"
+        ) from None
 
 
 def remember_draft_from_proto(request: memory_pb2.RememberRequest) -> RememberDraft:
@@ -302,12 +310,14 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
     async def Held(
         self, request: memory_pb2.HeldRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> memory_pb2.HeldResponse:
+        principal = current_identity().principal
         query = held_query(
             subject_from_proto(request.subject),
             page_size=request.page_size,
             page_token=request.page_token,
+            org_id=principal.org_id,
         )
-        held = await self._keeper.held(query, current_identity().principal)
+        held = await self._keeper.held(query, principal)
         return memory_pb2.HeldResponse(
             memories=[memory_to_proto(m) for m in held.memories],
             profile=[fact_to_proto(f) for f in held.profile],
@@ -328,6 +338,12 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
     async def Archive(
         self, request: memory_pb2.ArchiveRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> memory_pb2.ArchiveResponse:
+        refuse_secrets_in_block(
+            label=request.label,
+            role=request.role,
+            content=request.content,
+            conversation_id=request.conversation_id,
+        )
         draft = block_draft(
             label=request.label,
             role=request.role,
