@@ -466,8 +466,8 @@ def describe_attempt(attempt: Attempt) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Redactor:
-    """Removes secrets and echoed prompt text from provider-supplied text before it
-    becomes an attempt detail or an error message.
+    """Removes secrets, echoed prompt text and U+0000 from provider-supplied text
+    before it becomes an attempt detail or an error message.
 
     Vendors quote requests back in their errors, whole or in part ("Invalid value:
     'Draft the letter for...'"), so any run of `ECHO_MIN_CHARS` or more characters
@@ -480,6 +480,9 @@ class Redactor:
     max_chars: int = 300
 
     def __call__(self, text: str) -> str:
+        # U+0000 in a vendor's words would follow the error into a run's stored steps,
+        # which PostgreSQL refuses; it is never meaningful in an error message.
+        text = text.replace("\x00", "\ufffd")
         for secret in self.secrets:
             if secret:
                 text = text.replace(secret, "[redacted]")

@@ -12,7 +12,6 @@ vendor sends back.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, Protocol
@@ -37,6 +36,7 @@ from cairn_gateway.wire import (
     embeddings_body,
     error_text,
     error_text_from_body,
+    loads_vendor_json,
     parse_completion,
     parse_embeddings,
     parse_retry_after,
@@ -162,7 +162,7 @@ class OpenAICompatibleProvider:
         if status != 200:
             raise self._status_failure(status, headers, content, redact)
         try:
-            payload = json.loads(content)
+            payload = loads_vendor_json(content)
         except ValueError as exc:
             raise AttemptFailed(
                 Outcome.MALFORMED_RESPONSE, "the response body is not JSON", http_status=200
@@ -199,7 +199,7 @@ class OpenAICompatibleProvider:
                     if data.strip() == DONE_SENTINEL:
                         return
                     try:
-                        chunk = json.loads(data)
+                        chunk = loads_vendor_json(data)
                     except ValueError as exc:
                         raise AttemptFailed(
                             Outcome.MALFORMED_RESPONSE,
@@ -258,7 +258,7 @@ class OpenAICompatibleProvider:
             if status != 200:
                 raise self._status_failure(status, headers, content, redact)
             try:
-                return parse_embeddings(json.loads(content), count=len(texts))
+                return parse_embeddings(loads_vendor_json(content), count=len(texts))
             except (ValueError, MalformedResponse) as exc:
                 raise AttemptFailed(
                     Outcome.MALFORMED_RESPONSE, redact(str(exc)), http_status=200

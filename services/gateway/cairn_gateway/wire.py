@@ -10,12 +10,14 @@ parsed and re-serialised, so nothing a caller relies on changes on the way.
 from __future__ import annotations
 
 import json
+import math
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, TypeGuard
 
 from cairn_gateway.config import MaxTokensField
 from cairn_gateway.domain import (
@@ -30,10 +32,43 @@ from cairn_gateway.domain import (
 )
 
 DONE_SENTINEL = "[DONE]"
+_FLOAT32_MAX = 3.4028234663852886e38
 
 
 class MalformedResponse(ValueError):
     """The provider answered, but not with the chat-completions shape."""
+
+
+# --- reading a vendor's JSON -----------------------------------------------------
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def loads_vendor_json(raw: str | bytes) -> Any:
+    """json.loads, with every lone UTF-16 surrogate a vendor escaped into a string
+    (`"\\ud800"`, legal JSON) replaced by U+FFFD. Such a string cannot be encoded as
+    UTF-8, so it would fail the gRPC response (INTERNAL) after the call succeeded; it
+    never carried a character, so tool-call arguments lose nothing by the change.
+    Only an escape can make one, so text without `\\ud` is not walked at all."""
+    payload = json.loads(raw)
+    escaped = (
+        ("\\ud" in raw or "\\uD" in raw)
+        if isinstance(raw, str)
+        else (b"\\ud" in raw or b"\\uD" in raw)
+    )
+    if not escaped:
+        return payload
+    return _without_lone_surrogates(payload)
+
+
+def _without_lone_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_without_lone_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {_without_lone_surrogates(k): _without_lone_surrogates(v) for k, v in value.items()}
+    return value
 
 
 # --- request ---------------------------------------------------------------------
@@ -167,19 +202,31 @@ def _call_id(raw: object) -> str:
     return raw if isinstance(raw, str) and raw else f"call_{uuid.uuid4().hex[:24]}"
 
 
+# More tokens than any call could use, and well inside int64 (the proto's and the
+# ledger's column type): a count beyond it is a vendor's bug, not a count.
+MAX_USAGE_TOKENS = 2**40
+
+
 def parse_usage(raw: object) -> Usage | None:
+    """The vendor's counts, or None (then estimated) when they are not counts: a
+    negative number, a boolean or a number past any real call would otherwise fail
+    the response's conversion (INTERNAL) or the ledger's arithmetic."""
     if not isinstance(raw, dict):
         return None
     prompt = raw.get("prompt_tokens")
     completion = raw.get("completion_tokens")
-    if not isinstance(prompt, int) or not isinstance(completion, int):
+    if not _token_count(prompt) or not _token_count(completion):
         return None
     total = raw.get("total_tokens")
     return Usage(
         prompt_tokens=prompt,
         completion_tokens=completion,
-        total_tokens=total if isinstance(total, int) else prompt + completion,
+        total_tokens=total if _token_count(total) else prompt + completion,
     )
+
+
+def _token_count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_USAGE_TOKENS
 
 
 def estimate_usage(message: ChatMessage, *, prompt_tokens: int = 0) -> Usage:
@@ -346,7 +393,7 @@ def error_text(payload: object) -> str:
 
 def error_text_from_body(body: bytes) -> str:
     try:
-        text = error_text(json.loads(body))
+        text = error_text(loads_vendor_json(body))
     except ValueError:
         text = ""
     if text:
@@ -392,6 +439,12 @@ def parse_embeddings(payload: object, *, count: int) -> list[list[float]]:
         values = row["embedding"]
         if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
             raise MalformedResponse(f"data[{position}].embedding holds non-numbers")
+        # Python's JSON reads NaN and Infinity, and a float32 cannot hold 1e300: no
+        # vector index can store either, so one such value spoils the whole batch.
+        if not all(math.isfinite(v) and abs(v) <= _FLOAT32_MAX for v in values):
+            raise MalformedResponse(
+                f"data[{position}].embedding holds a value that is not a finite float32"
+            )
         index = row.get("index", position)
         indexed.append((index if isinstance(index, int) else position, [float(v) for v in values]))
     vectors = [v for _, v in sorted(indexed, key=lambda item: item[0])]

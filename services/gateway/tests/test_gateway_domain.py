@@ -315,6 +315,11 @@ def test_the_redactor_leaves_an_error_that_quotes_nothing_alone() -> None:
     assert redact("Rate limit reached for requests.") == "Rate limit reached for requests."
 
 
+def test_the_redactor_leaves_no_u0000_in_a_vendors_words() -> None:
+    # A vendor's error text becomes an error message a run then stores in PostgreSQL.
+    assert Redactor()("bad\x00request\x00") == "bad\ufffdrequest\ufffd"
+
+
 def test_the_redactor_cuts_long_text() -> None:
     assert len(Redactor()("x" * 5000)) == 300
 

@@ -570,6 +570,31 @@ def test_a_pin_without_tool_calls_in_the_history_leaves_failover_in_order(
     assert response.provider == "alpha"
 
 
+def test_a_lone_surrogate_a_vendor_escaped_reaches_the_caller_as_a_replacement_character(
+    stub: gateway_pb2_grpc.GatewayServiceStub, vendors: Vendors, metadata: Metadata
+) -> None:
+    """`"\\ud800"` is legal JSON but no UTF-8 text: passed on as is, it failed the
+    gRPC response after the vendor had answered (INTERNAL)."""
+    steps = {
+        "steps": [
+            {"action": "answer", "content": "broken \ud800 text"},
+            {"action": "tool_call", "name": "search", "arguments": '{"q": "\udfff"}'},
+        ]
+    }
+    # httpx cannot encode the script (it writes UTF-8); json.dumps escapes it.
+    vendors.alpha.control.post(
+        "/_control/script",
+        content=json.dumps(steps).encode(),
+        headers={"content-type": "application/json"},
+    ).raise_for_status()
+
+    answered = stub.Chat(chat_request(), metadata=metadata, timeout=10)
+    called = stub.Chat(chat_request(), metadata=metadata, timeout=10)
+
+    assert answered.message.content == "broken \ufffd text"
+    assert called.message.tool_calls[0].arguments_json == '{"q": "\ufffd"}'
+
+
 # --- budgets ---------------------------------------------------------------------
 
 

@@ -7,13 +7,25 @@ from datetime import UTC, datetime
 
 import pytest
 
-from cairn_gateway.domain import ChatMessage, ChatRequest, Route, ToolCall, ToolDefinition, Usage
+from cairn_gateway.domain import (
+    Attempt,
+    ChatMessage,
+    ChatRequest,
+    ChatResult,
+    Outcome,
+    Route,
+    ToolCall,
+    ToolDefinition,
+    Usage,
+)
+from cairn_gateway.servicer import chat_response_to_proto
 from cairn_gateway.wire import (
     MalformedResponse,
     SseDecoder,
     StreamAssembler,
     chat_body,
     error_text_from_body,
+    loads_vendor_json,
     parse_completion,
     parse_embeddings,
     parse_retry_after,
@@ -332,3 +344,53 @@ def test_embeddings_come_back_in_input_order() -> None:
     assert parse_embeddings(payload, count=2) == [[1.0, 0.0], [0.0, 1.0]]
     with pytest.raises(MalformedResponse):
         parse_embeddings(payload, count=3)
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"prompt_tokens": 2**70, "completion_tokens": 2},
+        {"prompt_tokens": -5, "completion_tokens": 2},
+        {"prompt_tokens": True, "completion_tokens": 2},
+    ],
+    ids=["beyond int64", "negative", "a boolean"],
+)
+def test_usage_a_vendor_could_not_have_counted_is_estimated_and_still_reaches_the_caller(
+    usage: dict[str, object],
+) -> None:
+    parsed = parse_completion(
+        completion({"role": "assistant", "content": "x" * 40}, usage=usage), requested_model="m"
+    )
+
+    assert parsed.usage_estimated and parsed.usage.completion_tokens == 10
+    result = ChatResult(parsed, "p", (Attempt("p", "m", Outcome.OK),))
+    assert chat_response_to_proto(result).usage.completion_tokens == 10
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 1e300])
+def test_an_embedding_holding_a_value_no_index_can_store_is_malformed(bad: float) -> None:
+    with pytest.raises(MalformedResponse, match=r"data\[0\].embedding"):
+        parse_embeddings({"data": [{"embedding": [0.5, bad]}]}, count=1)
+
+
+def test_a_total_past_any_real_call_is_replaced_by_the_sum_of_its_parts() -> None:
+    parsed = parse_completion(
+        completion(
+            {"role": "assistant", "content": "Hi."},
+            usage={"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 2**64},
+        ),
+        requested_model="m",
+    )
+
+    assert parsed.usage == Usage(5, 2, 7)
+    result = ChatResult(parsed, "p", (Attempt("p", "m", Outcome.OK),))
+    assert chat_response_to_proto(result).usage.total_tokens == 7
+
+
+def test_a_streamed_chunk_with_a_lone_surrogate_is_read_as_a_replacement_character() -> None:
+    assembler = StreamAssembler(requested_model="m")
+    chunk = '{"choices": [{"delta": {"content": "a\\ud800b"}, "finish_reason": "stop"}]}'
+
+    assert assembler.feed(loads_vendor_json(chunk)) == "a\ufffdb"
+    # A well-formed pair (an emoji) is one character and left alone.
+    assert loads_vendor_json(b'"\\ud83d\\ude00"') == "\U0001f600"
