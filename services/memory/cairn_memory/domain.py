@@ -710,7 +710,7 @@ def parse_block_id(raw: str) -> int | None:
 def block_number(raw: str) -> int:
     number = parse_block_id(raw)
     if number is None:
-        raise RefusedInput(f"block_id {raw!r} is not a block id; use the form r<N>, e.g. 'r7'")
+        raise RefusedInput(f"block_id {shown(raw)} is not a block id; use the form r<N>, e.g. 'r7'")
     return number
 
 
@@ -739,7 +739,7 @@ def block_draft(
     if len(label) > MAX_BLOCK_LABEL_CHARS:
         raise RefusedInput(f"label is {len(label)} characters; at most {MAX_BLOCK_LABEL_CHARS}")
     if len(role) > MAX_BLOCK_ROLE_CHARS:
-        raise RefusedInput(f"role {role!r} is longer than {MAX_BLOCK_ROLE_CHARS} characters")
+        raise RefusedInput(f"role {shown(role)} is longer than {MAX_BLOCK_ROLE_CHARS} characters")
     if not content.strip():
         raise RefusedInput("content is empty; archive the block's verbatim text")
     size = len(content.encode())

@@ -30,6 +30,8 @@ from cairn_memory.domain import (
     RememberDraft,
     Subject,
     SubjectKind,
+    block_draft,
+    block_number,
     block_search,
     held_query,
     held_scope,
@@ -401,3 +403,30 @@ async def test_a_value_the_database_cannot_hold_is_invalid_argument_not_an_outag
         await store.recall_newest(org_id="o", subject=None, k=5, now=NOW)
     assert status_for(info.value)[0] == INVALID
     assert "$2" not in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda v: block_number(v), "block_id"),
+        (
+            lambda v: block_draft(
+                label="l", role=v, content="c", conversation_id="c", archived_by="alice"
+            ),
+            "role",
+        ),
+        (lambda v: remember(supersedes=[v]), "supersedes[0]"),
+        (lambda v: held_query(CANDIDATE, page_size=0, page_token=v, org_id="o"), "page_token"),
+    ],
+    ids=["block-id", "role", "supersedes", "page-token"],
+)
+def test_a_refusal_never_repeats_a_secret_or_a_wall_of_text(
+    call: Callable[[str], object], field: str
+) -> None:
+    secret = "sk_live_4eC39HqLyjWDarjtT1zdp7dc" * 2
+    for value in (secret, "x" * 100_000):
+        with pytest.raises(RefusedInput) as info:
+            call(value)
+        assert info.value.message.startswith(field)
+        assert "4eC39HqLyjWDarjtT1zdp7dc" not in info.value.message
+        assert len(info.value.message) < 400
