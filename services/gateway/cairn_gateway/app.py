@@ -21,6 +21,7 @@ from cairn_gateway.config import (
     DEFAULT_OFFLINE_URL,
     TIERS,
     GatewayConfig,
+    check_base_url,
     offline_default,
     parse_config,
 )
@@ -51,14 +52,22 @@ SCHEMA = "gateway"
 def load_config(env: Mapping[str, str]) -> GatewayConfig:
     path = env.get("CAIRN_GATEWAY_CONFIG", "").strip()
     if not path:
-        return offline_default(env.get("CAIRN_OFFLINE_MODEL_URL", DEFAULT_OFFLINE_URL))
+        # Checked like a provider's base_url: a wrong one would leave the demo SERVING
+        # with every call failing.
+        offline_url = env.get("CAIRN_OFFLINE_MODEL_URL", "").strip() or DEFAULT_OFFLINE_URL
+        return offline_default(check_base_url(offline_url, where="CAIRN_OFFLINE_MODEL_URL"))
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigInvalid(
             f"CAIRN_GATEWAY_CONFIG={path!r} cannot be read ({exc.strerror}); point it at a "
             "provider file like services/gateway/providers.example.yaml, or unset it for "
             "the offline demo model"
+        ) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigInvalid(
+            f"CAIRN_GATEWAY_CONFIG={path!r} is not UTF-8 text (byte {exc.start} is not); "
+            "save the provider file as UTF-8 YAML"
         ) from exc
     return parse_config(text, source=path)
 

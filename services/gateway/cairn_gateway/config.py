@@ -394,11 +394,17 @@ def _seconds(
     return float(value)
 
 
-def _base_url(value: object, *, where: str) -> str:
+def check_base_url(value: object, *, where: str) -> str:
+    """The URL as the gateway will use it (no trailing slash), or ConfigInvalid
+    naming `where` and what is wrong with it."""
+    return _base_url(value, where=where, key="")
+
+
+def _base_url(value: object, *, where: str, key: str = ".base_url") -> str:
     example = "e.g. https://api.openai.com/v1"
     if not isinstance(value, str) or not value.strip():
         raise ConfigInvalid(
-            f"{where}.base_url must be the http(s) URL of an OpenAI-compatible API "
+            f"{where}{key} must be the http(s) URL of an OpenAI-compatible API "
             f"({example}), got {_shown(value)}"
         )
     url = value.strip()
@@ -406,22 +412,20 @@ def _base_url(value: object, *, where: str) -> str:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises for a port that is not a number
     except ValueError as exc:
-        raise ConfigInvalid(f"{where}.base_url {url!r} is not a URL ({exc}); {example}") from exc
+        raise ConfigInvalid(f"{where}{key} {url!r} is not a URL ({exc}); {example}") from exc
     if parts.username is not None or parts.password is not None:
         # Not echoed: the part before '@' may well be a key.
         raise ConfigInvalid(
-            f"{where}.base_url must not carry a user or password (the part before '@'); "
+            f"{where}{key} must not carry a user or password (the part before '@'); "
             "name the key's variable in api_key_env instead"
         )
     if parts.scheme not in ("http", "https"):
-        raise ConfigInvalid(
-            f"{where}.base_url {url!r} must start with http:// or https:// ({example})"
-        )
+        raise ConfigInvalid(f"{where}{key} {url!r} must start with http:// or https:// ({example})")
     if not parts.hostname:
-        raise ConfigInvalid(f"{where}.base_url {url!r} names no host ({example})")
+        raise ConfigInvalid(f"{where}{key} {url!r} names no host ({example})")
     if parts.query or parts.fragment or _CONTROL.search(url) or " " in url:
         raise ConfigInvalid(
-            f"{where}.base_url {url!r} must be a plain URL, without spaces, a query (?...) "
+            f"{where}{key} {url!r} must be a plain URL, without spaces, a query (?...) "
             f"or a fragment (#...) ({example})"
         )
     url = url.rstrip("/")
@@ -429,7 +433,7 @@ def _base_url(value: object, *, where: str) -> str:
         if url.lower().endswith(suffix):
             root = url[: -len(suffix)]
             raise ConfigInvalid(
-                f"{where}.base_url {url!r} ends in {suffix!r}, which the gateway appends "
+                f"{where}{key} {url!r} ends in {suffix!r}, which the gateway appends "
                 f"itself (it calls <base_url>/chat/completions and <base_url>/embeddings); "
                 f"write {root!r}"
             )

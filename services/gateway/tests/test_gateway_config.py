@@ -323,3 +323,29 @@ def test_every_gateway_error_maps_to_its_status(
     rich = status_pb2.Status.FromString(dict(status.trailing_metadata)["grpc-status-details-bin"])
     has_retry = any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in rich.details)
     assert has_retry is retry
+
+
+@pytest.mark.parametrize(
+    ("url", "names"),
+    [
+        ("127.0.0.1:8089/v1", "http:// or https://"),
+        ("http://127.0.0.1:8089/v1/chat/completions", "write 'http://127.0.0.1:8089/v1'"),
+    ],
+)
+def test_an_offline_model_url_that_cannot_work_is_refused_at_start_up(url: str, names: str) -> None:
+    with pytest.raises(ConfigInvalid) as refused:
+        load_config({"CAIRN_OFFLINE_MODEL_URL": url})
+
+    assert refused.value.message.startswith("CAIRN_OFFLINE_MODEL_URL")
+    assert names in refused.value.message
+
+
+def test_a_provider_file_that_is_not_utf8_text_is_refused_naming_it(tmp_path: Path) -> None:
+    config = tmp_path / "providers.yaml"
+    config.write_bytes(b"providers:\n  - name: \xff\xfe\n")
+
+    with pytest.raises(ConfigInvalid) as refused:
+        load_config({"CAIRN_GATEWAY_CONFIG": str(config)})
+
+    assert f"CAIRN_GATEWAY_CONFIG={str(config)!r}" in refused.value.message
+    assert "UTF-8" in refused.value.message
