@@ -193,9 +193,11 @@ _OWN_VENDOR_PATTERNS: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
     (BEARER_TOKEN, re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/-]{20,}=*")),
 )
 
+# Six to eight digits standing alone: not a group of a phone number ("+1 10 100000").
+_CODE_DIGITS: Final = r"(?<![\d+])(?<![\d+][ .-])\d{6,8}(?!\d)(?![ .-]\d)"
 _ONE_TIME_CODE: Final = re.compile(
-    r"(?i)\b(?:code|otp|one[- ]time|verification|2fa|mfa|pin)\b\D{0,24}(?<!\d)\d{6,8}(?!\d)"
-    r"|(?<!\d)\d{6,8}(?!\d)\D{0,24}\b(?:code|otp|one[- ]time|verification|2fa|mfa|pin)\b"
+    rf"(?i)\b(?:code|otp|one[- ]time|verification|2fa|mfa|pin)\b\D{{0,24}}{_CODE_DIGITS}"
+    rf"|{_CODE_DIGITS}\D{{0,24}}\b(?:code|otp|one[- ]time|verification|2fa|mfa|pin)\b"
 )
 
 
@@ -301,10 +303,11 @@ def _random_string(text: str) -> str | None:
     for match in _AWS_SECRET.finditer(text):
         candidate = match.group()
         classes = (str.isdigit, str.islower, str.isupper, "+/".__contains__)
-        if (
-            sum(any(test(c) for c in candidate) for test in classes) >= 3
-            and _B64.calculate_shannon_entropy(candidate) > 4.2
-        ):
+        kinds = sum(any(test(c) for c in candidate) for test in classes)
+        entropy = _B64.calculate_shannon_entropy(candidate)
+        # One key in four thousand draws no digit and no symbol; mixed-case words that
+        # long stay near 4 bits, so letters alone need more entropy to count.
+        if (kinds >= 3 and entropy > 4.0) or (kinds == 2 and entropy > 4.4):
             return AWS_SECRET_KEY
     for match in _TOKEN.finditer(text):
         if _looks_random(match.group()):

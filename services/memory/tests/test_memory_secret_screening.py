@@ -5,6 +5,7 @@ prose (dates, phone numbers, order numbers, short hashes) is kept."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import string
 import uuid
@@ -136,6 +137,7 @@ ORDINARY = [
     "The PIN is 4 digits long.",
     "Call her on +44 20 7946 0958 after lunch.",
     "Call +49 1512 3456 7890 or 415-555-2671.",
+    "Call +1 10 100000 about the OTP rollout.",
     "Order 123456789 shipped on 2030-06-01.",
     "Order #A-2030-000123 arrived at 10:30.",
     "Commit 2757a7f fixed the flaky test.",
@@ -281,14 +283,15 @@ def test_a_generated_vendor_key_in_prose_is_refused_by_its_kind(
     assert secret_kind(text) == kind
 
 
-# A secret access key is 40 characters drawn at random: hypothesis' own shrinking
-# would draw "AAAA...", which is no key, so the characters come from a true random.
-aws_secret_keys = st.randoms(use_true_random=True).map(
-    lambda rng: "".join(rng.choice(ALNUM + "+/") for _ in range(40))
+# A secret access key is 40 characters drawn at random. Hypothesis would shrink drawn
+# characters to "AAAA...", which is no key, so each is the base64 of a hash of a drawn
+# number; derandomized, so the examples (and the verdict) are the same on every run.
+aws_secret_keys = st.integers(0, 2**64).map(
+    lambda n: base64.b64encode(hashlib.sha512(str(n).encode()).digest()).decode()[:40]
 )
 
 
-@settings(max_examples=200)
+@settings(max_examples=300, derandomize=True)
 @given(text=in_prose(aws_secret_keys))
 def test_a_generated_aws_secret_access_key_in_prose_is_refused(text: str) -> None:
     assert secret_kind(text) == AWS_SECRET_KEY
