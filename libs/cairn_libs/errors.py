@@ -12,6 +12,13 @@
 Services subclass these by cause; the error-mapping interceptor turns any of them
 into a status with the class's code. Anything else becomes INTERNAL with a generic
 message, so an unexpected exception never leaks internals to a caller.
+
+    ConfigurationError         the deployment's settings cannot be used  (exit 2)
+
+ConfigurationError stands outside the tree because it never reaches a caller: it
+is raised while a service is built, and `run_service` logs it as one structured
+line and exits. A service's own configuration error may derive from both (the
+gateway's ConfigInvalid is also a NotConfigured).
 """
 
 from __future__ import annotations
@@ -62,6 +69,11 @@ class DependencyUnavailable(CairnError):
 
 class NotConfigured(CairnError):
     code = grpc.StatusCode.UNIMPLEMENTED
+
+
+class ConfigurationError(Exception):
+    """A setting, file or variable the service cannot start with. The message names
+    the setting and the bad value (never a secret) and says what would be accepted."""
 
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:

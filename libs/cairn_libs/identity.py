@@ -24,7 +24,7 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from cairn_libs.errors import Unauthenticated
+from cairn_libs.errors import ConfigurationError, Unauthenticated
 
 ALGORITHMS = ["EdDSA", "RS256", "ES256"]
 DEFAULT_ISSUER = "cairn-dev"
@@ -97,11 +97,18 @@ class TokenVerifier:
             )
         key_file = os.environ.get("CAIRN_JWT_PUBLIC_KEY_FILE")
         if not key_file:
-            raise RuntimeError(
+            raise ConfigurationError(
                 "no token verification key: set CAIRN_JWT_PUBLIC_KEY_FILE (a PEM public key) "
                 "or CAIRN_JWT_JWKS_URL"
             )
-        return cls(key=Path(key_file).read_bytes(), issuer=issuer, audience=audience)
+        try:
+            key = Path(key_file).read_bytes()
+        except OSError as exc:
+            raise ConfigurationError(
+                f"CAIRN_JWT_PUBLIC_KEY_FILE={key_file!r} cannot be read ({exc.strerror}); "
+                "point it at a PEM public key"
+            ) from None
+        return cls(key=key, issuer=issuer, audience=audience)
 
     def _decode(self, token: str) -> dict[str, Any]:
         claims = self._verified.get(token)
@@ -109,6 +116,9 @@ class TokenVerifier:
             if time.time() <= claims["exp"] + self.leeway_seconds:
                 return claims
             self._verified.pop(token, None)
+        # Only claims of the right types are kept (_verify checks them): the cache
+        # compares `exp` with the clock on every later use, and a string there once
+        # broke every call after the first with INTERNAL.
         claims = self._verify(token)
         if len(self._verified) >= VERIFIED_TOKENS_KEPT:
             self._verified.pop(next(iter(self._verified)), None)  # the oldest
@@ -120,19 +130,35 @@ class TokenVerifier:
             key = self.key
             if self.jwks_client is not None:
                 key = self.jwks_client.get_signing_key_from_jwt(token).key
+            # PyJWT checks the signature, issuer and audience; the times are checked
+            # below, once every claim is known to have its type (PyJWT reads
+            # `"exp": "123"` as a number and `"exp": true` as an expiry in 1970).
             claims: dict[str, Any] = jwt.decode(
                 token,
                 key,
                 algorithms=ALGORITHMS,
                 audience=self.audience,
                 issuer=self.issuer,
-                leeway=self.leeway_seconds,
-                options={"require": ["exp", "iss", "aud", "sub"]},
+                options={
+                    "require": ["exp", "iss", "aud", "sub"],
+                    "verify_exp": False,
+                    "verify_nbf": False,
+                    "verify_iat": False,
+                },
             )
-        except jwt.ExpiredSignatureError as exc:
-            raise Unauthenticated("token expired") from exc
         except jwt.PyJWTError as exc:
             raise Unauthenticated("token invalid") from exc
+        except (TypeError, ValueError, OverflowError) as exc:
+            # What PyJWT raises for some malformed tokens instead of its own errors.
+            raise Unauthenticated("token invalid: a claim has the wrong type") from exc
+        check_claim_types(claims)
+        now = time.time()
+        if now > claims["exp"] + self.leeway_seconds:
+            raise Unauthenticated("token expired")
+        if now < claims.get("nbf", 0) - self.leeway_seconds:
+            raise Unauthenticated("token invalid: not valid yet (nbf)")
+        if now < claims.get("iat", 0) - self.leeway_seconds:
+            raise Unauthenticated("token invalid: issued in the future (iat)")
         return claims
 
     def verify_caller(self, token: str) -> Principal:
@@ -155,6 +181,49 @@ class TokenVerifier:
         if not isinstance(run_id, str) or not run_id:
             raise Unauthenticated("actor token invalid: no run_id claim")
         return Actor(service=str(claims["sub"]), run_id=run_id, agent=str(claims.get("agent", "")))
+
+
+# A NumericDate (RFC 7519) that datetime and a float clock can both hold: from
+# 1970 to the end of year 9999.
+_LATEST_NUMERIC_DATE = 253_402_300_799
+_NUMERIC_DATE_CLAIMS = ("exp", "iat", "nbf")
+_STRING_CLAIMS = ("iss", "sub", "org", "run_id", "agent", "jti")
+_STRING_LIST_CLAIMS = ("roles", "groups")
+
+
+def check_claim_types(claims: dict[str, Any]) -> None:
+    """Raise Unauthenticated unless every claim cairn reads has the type it reads.
+
+    Signed by a trusted key is not the same as well-formed: an issuer's bug (or a
+    test) can sign `"exp": "tomorrow"` or `"roles": "admin"`. Such a token is
+    refused on its first use and every later one, before any work."""
+    for name in _NUMERIC_DATE_CLAIMS:
+        if name not in claims and name != "exp":
+            continue
+        value = claims.get(name)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 0 <= value <= _LATEST_NUMERIC_DATE
+        ):
+            raise Unauthenticated(
+                f"token invalid: claim {name!r} must be a NumericDate (seconds since 1970)"
+            )
+    for name in _STRING_CLAIMS:
+        if name in claims and not isinstance(claims[name], str):
+            raise Unauthenticated(f"token invalid: claim {name!r} must be a string")
+    if not claims.get("sub"):
+        raise Unauthenticated("token invalid: claim 'sub' is empty")
+    audience = claims.get("aud")
+    if not (
+        isinstance(audience, str)
+        or (isinstance(audience, list) and all(isinstance(a, str) for a in audience))
+    ):
+        raise Unauthenticated("token invalid: claim 'aud' must be a string or a list of strings")
+    for name in _STRING_LIST_CLAIMS:
+        value = claims.get(name, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise Unauthenticated(f"token invalid: claim {name!r} must be a list of strings")
 
 
 def _str_tuple(value: object) -> tuple[str, ...]:

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import json
+import math
 import time
 from pathlib import Path
 
+import jwt
 import pytest
 
-from cairn_libs.errors import Unauthenticated
+from cairn_libs.errors import ConfigurationError, Unauthenticated
 from cairn_libs.identity import TokenIssuer, TokenVerifier, generate_dev_keypair
 
 
@@ -79,7 +82,8 @@ def test_a_verified_token_is_checked_again_once_past_its_expiry(
     expired_at = time.time() + 61
     monkeypatch.setattr(time, "time", lambda: expired_at)
 
-    verifier.verify_caller(token)  # PyJWT's own clock still says valid
+    with pytest.raises(Unauthenticated, match="expired"):
+        verifier.verify_caller(token)
 
     assert len(checked) == 2
 
@@ -96,3 +100,70 @@ def test_a_tampered_copy_of_a_verified_token_is_refused(
 
     with pytest.raises(Unauthenticated, match="token invalid"):
         verifier.verify_caller(forged)
+
+
+def _signed(issuer: TokenIssuer, **claims: object) -> str:
+    """A token signed by the trusted key with exactly these claims over the usual ones."""
+    now = int(time.time())
+    body: dict[str, object] = {
+        "iss": issuer.issuer,
+        "aud": issuer.audience,
+        "sub": "ana",
+        "org": "acme",
+        "roles": [],
+        "iat": now,
+        "exp": now + 3600,
+    }
+    body.update(claims)
+    # PyJWS signs any payload; jwt.encode would refuse some of these claims itself.
+    payload = json.dumps(body).encode()
+    return jwt.PyJWS().encode(payload, issuer.private_key, algorithm=issuer.algorithm)
+
+
+MALFORMED_CLAIMS = {
+    "exp as a string": {"exp": str(int(time.time()) + 3600)},
+    "exp past year 9999": {"exp": 10**400},
+    "exp infinite": {"exp": math.inf},
+    "nbf as a string": {"nbf": "soon"},
+    "exp as a bool": {"exp": True},
+    "iat as a string": {"iat": "now"},
+    "iss as a number": {"iss": 5},
+    "sub empty": {"sub": ""},
+    "org as a list": {"org": ["acme"]},
+    "roles as a string": {"roles": "admin"},
+    "roles with numbers": {"roles": [1, 2]},
+    "groups as an object": {"groups": {"staff": True}},
+    "aud as a list with a number": {"aud": ["cairn", 5]},
+}
+
+
+@pytest.mark.parametrize("claims", MALFORMED_CLAIMS.values(), ids=list(MALFORMED_CLAIMS))
+def test_a_signed_token_with_a_malformed_claim_is_unauthenticated_on_every_use(
+    issuer: TokenIssuer, dev_keys: tuple[Path, Path], claims: dict[str, object]
+) -> None:
+    verifier = TokenVerifier(key=dev_keys[1].read_bytes())
+    token = _signed(issuer, **claims)
+
+    for _ in range(3):
+        with pytest.raises(Unauthenticated, match="token invalid"):
+            verifier.verify_caller(token)
+
+
+def test_a_signed_actor_token_with_a_malformed_run_id_is_unauthenticated(
+    issuer: TokenIssuer, verifier: TokenVerifier
+) -> None:
+    token = _signed(issuer, roles=["cairn:service"], run_id=["run-1"])
+
+    with pytest.raises(Unauthenticated, match="token invalid"):
+        verifier.verify_actor(token)
+
+
+def test_a_missing_public_key_file_is_a_configuration_error_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = tmp_path / "nowhere.pem"
+    monkeypatch.delenv("CAIRN_JWT_JWKS_URL", raising=False)
+    monkeypatch.setenv("CAIRN_JWT_PUBLIC_KEY_FILE", str(missing))
+
+    with pytest.raises(ConfigurationError, match="nowhere.pem"):
+        TokenVerifier.from_env()
