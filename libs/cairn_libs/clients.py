@@ -1,21 +1,57 @@
 """Calling another cairn service: a traced aio channel, and the metadata that
 carries the caller's own token (authorization) and, for an acting service, its
 per-run credential (provenance).
+
+Reconnect backoff is capped (CAIRN_GRPC_MAX_RECONNECT_BACKOFF_MS, default one
+second). gRPC's own default grows to two minutes, so after a dependency came back
+a caller went on reporting it missing for many seconds; between services on one
+network a reconnect attempt a second is cheap.
 """
 
 from __future__ import annotations
 
+import os
+
 import grpc
 from opentelemetry.instrumentation.grpc import aio_client_interceptors
 
+from cairn_libs.errors import ConfigurationError
 from cairn_libs.identity import ACTOR_METADATA_KEY, CALLER_METADATA_KEY
 
+MAX_RECONNECT_BACKOFF_ENV = "CAIRN_GRPC_MAX_RECONNECT_BACKOFF_MS"
+DEFAULT_MAX_RECONNECT_BACKOFF_MS = 1000
+MAX_RECEIVE_MESSAGE_BYTES = 64 * 1024 * 1024
 
-def channel(target: str) -> grpc.aio.Channel:
+
+def max_reconnect_backoff_ms() -> int:
+    raw = os.environ.get(MAX_RECONNECT_BACKOFF_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_RECONNECT_BACKOFF_MS
+    if not raw.isdigit() or int(raw) <= 0:
+        raise ConfigurationError(
+            f"{MAX_RECONNECT_BACKOFF_ENV}={raw!r} is not a number of milliseconds; "
+            "give a whole number above 0"
+        )
+    return int(raw)
+
+
+def channel_options(*, max_backoff_ms: int | None = None) -> list[tuple[str, int]]:
+    """The options of every cairn client channel."""
+    cap = max_reconnect_backoff_ms() if max_backoff_ms is None else max_backoff_ms
+    first = min(cap, 100)
+    return [
+        ("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES),
+        ("grpc.initial_reconnect_backoff_ms", first),
+        ("grpc.min_reconnect_backoff_ms", first),
+        ("grpc.max_reconnect_backoff_ms", cap),
+    ]
+
+
+def channel(target: str, *, max_backoff_ms: int | None = None) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(
         target,
         interceptors=aio_client_interceptors(),  # type: ignore[no-untyped-call]
-        options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)],
+        options=channel_options(max_backoff_ms=max_backoff_ms),
     )
 
 
