@@ -4,8 +4,15 @@ and the same interceptors, stopped gracefully on SIGTERM.
 Interceptors, outermost first: OpenTelemetry (the server span, W3C context from
 metadata), error mapping (CairnError -> status with google.rpc details), identity
 (verify the caller's token before any work), access logging (one line per call,
-carrying org, user and run). A servicer
-method never parses a token: it calls `current_identity()`.
+carrying org, user and run), and the door (decode the request, then refuse what
+`cairn_libs.door` refuses). A servicer method never parses a token: it calls
+`current_identity()`.
+
+grpcio would decode a request before any interceptor runs, so a body of garbage
+bytes was answered UNKNOWN with the parser's exception text even without a
+token. Every wrapped method therefore receives raw bytes, and the door decodes
+them after identity: authentication comes first, and a body that does not decode
+is INVALID_ARGUMENT with a plain message.
 
 Health reports SERVING only while the service's own readiness check passes (its
 database reachable and migrated), re-checked every few seconds.
@@ -15,16 +22,19 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import math
 import os
 import signal
+import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import grpc
 import structlog
 from google.protobuf import duration_pb2
+from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
@@ -32,7 +42,18 @@ from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
-from cairn_libs.errors import CairnError, Unauthenticated, status_for
+from cairn_libs import door
+from cairn_libs.clients import max_reconnect_backoff_ms
+from cairn_libs.errors import (
+    DENIAL_CODE,
+    DENIAL_MESSAGE,
+    CairnError,
+    ConfigurationError,
+    Denied,
+    InvalidInput,
+    Unauthenticated,
+    status_for,
+)
 from cairn_libs.identity import (
     ACTOR_METADATA_KEY,
     CALLER_METADATA_KEY,
@@ -93,6 +114,16 @@ class ServiceApp(Protocol):
         ...
 
     async def stop(self) -> None: ...
+
+
+@runtime_checkable
+class ChecksItemsItself(Protocol):
+    """A service that checks some repeated request fields item by item, so one bad
+    item fails alone (a batch of documents) instead of the whole call. The door
+    skips those fields; the servicer calls `cairn_libs.door.violations` per item."""
+
+    per_item_fields: Mapping[str, Collection[str]]
+    """Full method name (`/pkg.Service/Method`) -> top-level request field names."""
 
 
 Around = Callable[
@@ -166,6 +197,107 @@ class _AroundInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
         return _wrap_handler(handler, handler_call_details, self._around)
 
 
+class _DoorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
+    """Innermost: takes the bytes every outer layer passed through untouched,
+    decodes them with the method's own deserializer, and checks the message."""
+
+    def __init__(self, per_item_fields: Mapping[str, Collection[str]]) -> None:
+        self._per_item_fields = per_item_fields
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        handler = await continuation(handler_call_details)
+        if (
+            handler is None
+            or handler.request_deserializer is None
+            or handler_call_details.method.startswith(UNAUTHENTICATED_METHOD_PREFIXES)
+        ):
+            return handler
+        skip = frozenset(self._per_item_fields.get(handler_call_details.method, ()))
+        return _decoding_handler(handler, handler.request_deserializer, skip)
+
+
+def _request_type_name(deserializer: Callable[[bytes], Any]) -> str:
+    owner = getattr(deserializer, "__self__", None)
+    descriptor = getattr(owner, "DESCRIPTOR", None)
+    return str(descriptor.full_name) if descriptor is not None else "request"
+
+
+def _decoder(deserializer: Callable[[bytes], Any], skip: Collection[str]) -> Callable[[bytes], Any]:
+    type_name = _request_type_name(deserializer)
+
+    def decode(raw: bytes) -> Any:
+        try:
+            request = deserializer(raw)
+        except Exception:
+            # The parser's own text names internals; the caller needs only this.
+            raise InvalidInput(
+                f"the request body is not a valid {type_name} message; "
+                f"send a serialized {type_name}"
+            ) from None
+        if isinstance(request, Message):
+            door.check(request, skip=skip)
+        return request
+
+    return decode
+
+
+def _decoding_handler(
+    handler: grpc.RpcMethodHandler[Any, Any],
+    deserializer: Callable[[bytes], Any],
+    skip: Collection[str],
+) -> grpc.RpcMethodHandler[Any, Any]:
+    decode = _decoder(deserializer, skip)
+
+    async def decoded(request_iterator: AsyncIterator[bytes]) -> AsyncIterator[Any]:
+        # Each streamed message is decoded and checked as it arrives.
+        async for raw in request_iterator:
+            yield decode(raw)
+
+    if handler.unary_unary is not None:
+        inner_uu = handler.unary_unary
+
+        async def unary_unary(raw: bytes, context: Any) -> Any:
+            return await inner_uu(decode(raw), context)
+
+        return grpc.unary_unary_rpc_method_handler(unary_unary, None, handler.response_serializer)
+    if handler.unary_stream is not None:
+        inner_us = handler.unary_stream
+
+        async def unary_stream(raw: bytes, context: Any) -> AsyncIterator[Any]:
+            request = decode(raw)
+            async for item in inner_us(request, context):  # type: ignore[attr-defined]
+                yield item
+
+        return grpc.unary_stream_rpc_method_handler(unary_stream, None, handler.response_serializer)
+    if handler.stream_unary is not None:
+        inner_su = handler.stream_unary
+
+        async def stream_unary(request_iterator: Any, context: Any) -> Any:
+            return await inner_su(decoded(request_iterator), context)  # type: ignore[arg-type]
+
+        return grpc.stream_unary_rpc_method_handler(stream_unary, None, handler.response_serializer)
+    inner_ss = handler.stream_stream
+    assert inner_ss is not None
+
+    async def stream_stream(request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        async for item in inner_ss(decoded(request_iterator), context):  # type: ignore[attr-defined,arg-type]
+            yield item
+
+    return grpc.stream_stream_rpc_method_handler(stream_stream, None, handler.response_serializer)
+
+
+def door_interceptor(
+    per_item_fields: Mapping[str, Collection[str]] | None = None,
+) -> grpc.aio.ServerInterceptor:  # type: ignore[type-arg]
+    return _DoorInterceptor(per_item_fields or {})
+
+
 def _metadata_value(context: grpc.aio.ServicerContext[Any, Any], key: str) -> str:
     for item in context.invocation_metadata() or ():
         item_key, value = item[0], item[1]
@@ -174,10 +306,15 @@ def _metadata_value(context: grpc.aio.ServicerContext[Any, Any], key: str) -> st
     return ""
 
 
-def _bearer(value: str) -> str:
-    scheme, _, token = value.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+def _bearer(value: str, *, key: str) -> str:
+    """The token of `Bearer <token>`; "" when the metadata is absent."""
+    if not value:
         return ""
+    scheme, _, token = value.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        # Say what was wrong: a bare token is the common mistake, and "missing"
+        # sent people looking for a header they had set.
+        raise Unauthenticated(f"{key} metadata must be 'Bearer <token>'")
     return token.strip()
 
 
@@ -186,12 +323,18 @@ def identity_interceptor(verifier: TokenVerifier) -> grpc.aio.ServerInterceptor:
     async def around(
         _details: grpc.HandlerCallDetails, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[None]:
-        caller_token = _bearer(_metadata_value(context, CALLER_METADATA_KEY))
+        caller_token = _bearer(
+            _metadata_value(context, CALLER_METADATA_KEY), key=CALLER_METADATA_KEY
+        )
         if not caller_token:
-            raise Unauthenticated("missing bearer token in 'authorization' metadata")
+            raise Unauthenticated(
+                f"missing bearer token: send {CALLER_METADATA_KEY!r} metadata as 'Bearer <token>'"
+            )
         principal = verifier.verify_caller(caller_token)
         actor = None
-        actor_token = _bearer(_metadata_value(context, ACTOR_METADATA_KEY))
+        # A malformed actor credential is refused, not ignored: ignoring it would
+        # record an agent's write as the person's own.
+        actor_token = _bearer(_metadata_value(context, ACTOR_METADATA_KEY), key=ACTOR_METADATA_KEY)
         if actor_token:
             actor = verifier.verify_actor(actor_token)
         identity_token = _identity.set(CallIdentity(principal=principal, actor=actor))
@@ -212,7 +355,16 @@ def identity_interceptor(verifier: TokenVerifier) -> grpc.aio.ServerInterceptor:
     return _AroundInterceptor(around)
 
 
+DENIAL_REASON = "DENIED"
+
+
 def to_rpc_status(exc: BaseException) -> grpc.Status:
+    if isinstance(exc, Denied):
+        # I6: whichever subclass a service raised, and whatever it carries, a
+        # denial reads the same everywhere, google.rpc details included.
+        status = status_pb2.Status(code=getattr(code_pb2, DENIAL_CODE.name), message=DENIAL_MESSAGE)
+        status.details.add().Pack(error_details_pb2.ErrorInfo(reason=DENIAL_REASON, domain="cairn"))
+        return rpc_status.to_status(status)
     code, message = status_for(exc)
     status = status_pb2.Status(code=getattr(code_pb2, code.name), message=message)
     info = error_details_pb2.ErrorInfo(
@@ -286,8 +438,24 @@ def access_log_interceptor() -> grpc.aio.ServerInterceptor:  # type: ignore[type
 
 def listen_address(default_port: int) -> str:
     host = os.environ.get("CAIRN_HOST", "127.0.0.1")
-    port = int(os.environ.get("CAIRN_PORT", str(default_port)))
-    return f"{host}:{port}"
+    raw = os.environ.get("CAIRN_PORT", str(default_port))
+    if not raw.strip().isdigit() or not 0 < int(raw) < 65536:
+        raise ConfigurationError(f"CAIRN_PORT={raw!r} is not a port; give a number from 1 to 65535")
+    return f"{host}:{int(raw)}"
+
+
+def seconds_setting(name: str, default: float) -> float:
+    """A positive number of seconds from the environment variable `name`."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigurationError(f"{name}={raw!r} is not a number of seconds; give one above 0")
+    return value
 
 
 async def serve(app: ServiceApp, *, address: str, verifier: TokenVerifier) -> None:
@@ -298,9 +466,12 @@ async def serve(app: ServiceApp, *, address: str, verifier: TokenVerifier) -> No
             error_mapping_interceptor(),
             identity_interceptor(verifier),
             access_log_interceptor(),
+            door_interceptor(app.per_item_fields if isinstance(app, ChecksItemsItself) else None),
         ],
         options=[("grpc.so_reuseport", 0)],
     )
+    interval = seconds_setting("CAIRN_HEALTH_INTERVAL_SECONDS", 1.0)
+    grace = seconds_setting("CAIRN_SHUTDOWN_GRACE_SECONDS", 5.0)
     names = list(app.register(server))
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -316,9 +487,15 @@ async def serve(app: ServiceApp, *, address: str, verifier: TokenVerifier) -> No
     # until the first readiness check says so.
     for name in ["", *names]:
         await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    bound = server.add_insecure_port(address)
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError:
+        bound = 0
     if bound == 0:
-        raise RuntimeError(f"could not bind {address!r}")
+        raise ConfigurationError(
+            f"could not listen on {address!r} (in use, or not an address of this host); "
+            "set CAIRN_HOST and CAIRN_PORT"
+        )
     await app.start()
     await server.start()
     log.info("service.listening", service=app.name, address=address)
@@ -327,8 +504,6 @@ async def serve(app: ServiceApp, *, address: str, verifier: TokenVerifier) -> No
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-
-    interval = float(os.environ.get("CAIRN_HEALTH_INTERVAL_SECONDS", "1.0"))
 
     async def watch_readiness() -> None:
         last: bool | None = None
@@ -354,16 +529,32 @@ async def serve(app: ServiceApp, *, address: str, verifier: TokenVerifier) -> No
     log.info("service.stopping", service=app.name)
     watcher.cancel()
     await health.enter_graceful_shutdown()
-    await server.stop(grace=float(os.environ.get("CAIRN_SHUTDOWN_GRACE_SECONDS", "5")))
+    await server.stop(grace=grace)
     await app.stop()
     shutdown_tracing()
     log.info("service.stopped", service=app.name)
 
 
+CONFIG_INVALID_EXIT_CODE = 2
+
+
 def run_service(app_factory: Callable[[], ServiceApp], *, default_port: int) -> None:
-    """The body of every service's `__main__`."""
+    """The body of every service's `__main__`.
+
+    A configuration error (a misspelt key, a missing file) is one JSON line like
+    every other event, `service.config_invalid` with its message, and the process
+    exits 2: an operator reads what to fix, not a traceback through our start-up.
+    """
     probe = app_factory.__module__.split(".")[0]
     configure_logging(probe)
     configure_tracing(probe)
-    app = app_factory()
-    asyncio.run(serve(app, address=listen_address(default_port), verifier=TokenVerifier.from_env()))
+    try:
+        address = listen_address(default_port)
+        max_reconnect_backoff_ms()  # read lazily by channels; refused here, at start-up
+        verifier = TokenVerifier.from_env()
+        app = app_factory()
+        asyncio.run(serve(app, address=address, verifier=verifier))
+    except ConfigurationError as exc:
+        log.error("service.config_invalid", error=str(exc))
+        shutdown_tracing()
+        sys.exit(CONFIG_INVALID_EXIT_CODE)

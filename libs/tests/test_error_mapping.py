@@ -62,3 +62,40 @@ def test_a_rate_limit_carries_retry_info_in_google_rpc_details() -> None:
 def test_an_unexpected_exception_leaks_nothing() -> None:
     status = to_rpc_status(KeyError("secret internal detail"))
     assert (status.code, status.details) == (grpc.StatusCode.INTERNAL, "internal error")
+
+
+class RunNotVisible(errors.Denied):
+    """As a service subclasses the one denial, by cause."""
+
+
+class DeniedWithAStory(errors.Denied):
+    def __init__(self) -> None:
+        errors.CairnError.__init__(self, "run r-1 belongs to another user")
+
+
+def _error_info(status: grpc.Status) -> error_details_pb2.ErrorInfo:
+    class _Call:
+        def code(self) -> grpc.StatusCode:
+            return status.code
+
+        def details(self) -> str:
+            return status.details
+
+        def trailing_metadata(self) -> object:
+            return status.trailing_metadata
+
+    decoded = rpc_status.from_call(_Call())  # type: ignore[arg-type]
+    assert decoded is not None
+    (detail,) = decoded.details
+    info = error_details_pb2.ErrorInfo()
+    assert detail.Unpack(info)
+    return info
+
+
+@pytest.mark.parametrize("cls", [errors.Denied, RunNotVisible, DeniedWithAStory])
+def test_every_denial_subclass_reads_the_same_details_included(cls: type[errors.Denied]) -> None:
+    status = to_rpc_status(cls())
+    info = _error_info(status)
+
+    assert (status.code, status.details) == (errors.DENIAL_CODE, errors.DENIAL_MESSAGE)
+    assert (info.reason, info.domain) == ("DENIED", "cairn")
