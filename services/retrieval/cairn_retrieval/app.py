@@ -23,10 +23,11 @@ from cairn_libs.embedding import LOCAL_DIMENSIONS, Embedder
 from cairn_libs.stack import REPO_ROOT
 from cairn_retrieval.edge_store import EdgeVectorStore
 from cairn_retrieval.embedders import EmbeddingSpace, GatewayEmbedder, retrieval_embedder_from_env
+from cairn_retrieval.errors import ConfigInvalid
 from cairn_retrieval.ingest import Ingestor
 from cairn_retrieval.postgres import ChunkStore
 from cairn_retrieval.search import Searcher
-from cairn_retrieval.servicer import SERVICE_NAME, RetrievalServicer
+from cairn_retrieval.servicer import INGEST_METHOD, SERVICE_NAME, RetrievalServicer
 from cairn_retrieval.vectors import QdrantVectorStore, VectorStore
 
 log = structlog.get_logger(__name__)
@@ -38,6 +39,9 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 
 class RetrievalApp:
     name = "retrieval"
+    # Documents of a batch are checked one by one (the servicer calls the door
+    # per document), so one bad document fails alone (cairn_libs.server).
+    per_item_fields = {INGEST_METHOD: ("documents",)}
 
     def __init__(
         self, *, database: Database, vectors: VectorStore, embedder: Embedder | None
@@ -105,7 +109,7 @@ def vector_store_from_env(*, dimensions: int) -> VectorStore:
         )
     if engine == "local":
         return QdrantVectorStore(collection=collection, dimensions=dimensions, path=str(path))
-    raise RuntimeError(
+    raise ConfigInvalid(
         f"CAIRN_QDRANT_ENGINE={engine!r} is not an engine; use 'edge' or 'local', "
         "or set QDRANT_URL for a Qdrant server"
     )

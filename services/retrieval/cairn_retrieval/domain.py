@@ -103,6 +103,15 @@ class IncomingDocument:
 
 
 @dataclass(frozen=True, slots=True)
+class RefusedDocument:
+    """A document of a batch refused at the door (a value no store can hold), kept
+    in its place so that it fails alone and the rest are ingested."""
+
+    document_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class DocumentResult:
     document_id: str
     outcome: Outcome

@@ -24,7 +24,7 @@ from cairn.gateway.v1 import gateway_pb2, gateway_pb2_grpc
 from cairn_libs.clients import call_metadata, channel
 from cairn_libs.embedding import LOCAL_DIMENSIONS, LOCAL_MODEL_ID, Embedder, embedder_from_env
 from cairn_libs.server import current_caller_token
-from cairn_retrieval.errors import EmbedderFailed, EmbeddingModelMismatch
+from cairn_retrieval.errors import ConfigInvalid, EmbedderFailed, EmbeddingModelMismatch
 from cairn_retrieval.postgres import ChunkStore
 from cairn_retrieval.vectors import VectorStore
 
@@ -106,12 +106,12 @@ def retrieval_embedder_from_env() -> Embedder | None:
     if choice == "gateway":
         address = os.environ.get("CAIRN_GATEWAY_ADDR", "").strip()
         if not address:
-            raise RuntimeError(
+            raise ConfigInvalid(
                 "CAIRN_RETRIEVAL_EMBEDDER=gateway needs CAIRN_GATEWAY_ADDR (host:port of the gateway)"
             )
         dimensions = os.environ.get("CAIRN_RETRIEVAL_EMBED_DIMENSIONS", str(LOCAL_DIMENSIONS))
         if not dimensions.isdigit() or int(dimensions) <= 0:
-            raise RuntimeError(
+            raise ConfigInvalid(
                 f"CAIRN_RETRIEVAL_EMBED_DIMENSIONS={dimensions!r} is not a positive integer"
             )
         return GatewayEmbedder(
@@ -119,7 +119,7 @@ def retrieval_embedder_from_env() -> Embedder | None:
             model_id=os.environ.get("CAIRN_RETRIEVAL_EMBED_MODEL", "").strip() or LOCAL_MODEL_ID,
             dimensions=int(dimensions),
         )
-    raise RuntimeError(
+    raise ConfigInvalid(
         f"CAIRN_RETRIEVAL_EMBEDDER={choice!r} is not known; use 'local', 'gateway' or 'none'"
     )
 

@@ -9,6 +9,9 @@
     └── EmbeddingModelMismatch   the collection holds another        FAILED_PRECONDITION
                                  model's vectors
 
+    ConfigInvalid (cairn_libs ConfigurationError)   a setting cannot be used: the
+                                 process logs one line and exits at start-up
+
 Access refusals are not here: they are always cairn_libs.errors.Denied (I6).
 A BadDocument inside a batch does not fail the call: it becomes that document's
 FAILED result. VectorStoreUnavailable and EmbedderFailed during a search are
@@ -17,7 +20,13 @@ not errors either: the search degrades to keyword-only and says so (I11).
 
 from __future__ import annotations
 
-from cairn_libs.errors import CairnError, Conflict, DependencyUnavailable, InvalidInput
+from cairn_libs.errors import (
+    CairnError,
+    ConfigurationError,
+    Conflict,
+    DependencyUnavailable,
+    InvalidInput,
+)
 
 
 class RetrievalError(CairnError):
@@ -46,3 +55,7 @@ class EmbedderFailed(RetrievalError, DependencyUnavailable):
 
 class EmbeddingModelMismatch(RetrievalError, Conflict):
     pass
+
+
+class ConfigInvalid(ConfigurationError):
+    """An environment setting retrieval cannot start with; never raised per call."""

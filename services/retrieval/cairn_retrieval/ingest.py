@@ -19,12 +19,14 @@ from cairn_libs.embedding import Embedder
 from cairn_libs.errors import Denied
 from cairn_libs.identity import Principal
 from cairn_retrieval.domain import (
+    DOCUMENT_ID_PATTERN,
     CorpusStats,
     DocumentResult,
     IncomingDocument,
     IngestProgress,
     Outcome,
     PreparedDocument,
+    RefusedDocument,
     check_batch_size,
     is_unchanged,
     may_manage,
@@ -54,7 +56,7 @@ class Ingestor:
         self._space = space or EmbeddingSpace(chunks=chunks, vectors=vectors, embedder=embedder)
 
     async def ingest(
-        self, principal: Principal, documents: Sequence[IncomingDocument]
+        self, principal: Principal, documents: Sequence[IncomingDocument | RefusedDocument]
     ) -> AsyncIterator[IngestProgress]:
         """One progress report per document, in request order."""
         if not may_manage(principal):
@@ -63,7 +65,11 @@ class Ingestor:
         await self._space.check()
         chunks_written = 0
         for done, document in enumerate(documents, start=1):
-            result = await self._ingest_one(principal.org_id, document)
+            if isinstance(document, RefusedDocument):
+                log.info("ingest.rejected", document_id=document.document_id, error=document.reason)
+                result = DocumentResult(document.document_id, Outcome.FAILED, error=document.reason)
+            else:
+                result = await self._ingest_one(principal.org_id, document)
             if result.outcome in (Outcome.INGESTED, Outcome.REPLACED):
                 chunks_written += result.chunks
             yield IngestProgress(
@@ -242,6 +248,14 @@ class Ingestor:
             raise Denied()
         if not document_id:
             raise BadDocument("document_id is empty; name the document to delete")
+        if not DOCUMENT_ID_PATTERN.fullmatch(document_id):
+            # No document can have such an id, so saying so tells nothing about
+            # which documents exist (I6).
+            raise BadDocument(
+                f"document_id {document_id[:200]!r} is not an id a document can have; use "
+                "1-200 characters of letters, digits and . _ : / @ + = -, starting with a "
+                "letter or digit"
+            )
         org_id = principal.org_id
         async with self._chunks.document_session(org_id, document_id) as session:
             stored = await session.current()

@@ -20,24 +20,24 @@ import json
 import math
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
 
 import asyncpg
 
 from cairn_libs.acl import AclPredicate
-from cairn_libs.db import Database, vector_literal
+from cairn_libs.db import CONNECTION_ERRORS, Database, vector_literal
 from cairn_retrieval import bm25 as okapi
 from cairn_retrieval.domain import ChunkRecord, PreparedDocument, SourceCounts
 from cairn_retrieval.errors import DatabaseUnavailable
 
-_CONNECTION_ERRORS = (
-    OSError,
-    TimeoutError,
-    asyncpg.InterfaceError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.ConnectionFailureError,
-    asyncpg.AdminShutdownError,
+# Every way a database that is down, restarting or overloaded shows itself: the
+# shared list (which includes the InternalClientError of a restart mid-protocol),
+# plus too many connections and a cancelled statement, both over once it recovers.
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    *CONNECTION_ERRORS,
+    asyncpg.InsufficientResourcesError,
+    asyncpg.OperatorInterventionError,
 )
 
 
@@ -432,7 +432,10 @@ class ChunkStore:
             except _CONNECTION_ERRORS:
                 # A closed session releases its advisory locks with it.
                 conn.terminate()
-            await pool.release(conn)
+            # Releasing a connection the restart broke must not turn the caller's
+            # answer (already given, or UNAVAILABLE) into INTERNAL.
+            with suppress(*_CONNECTION_ERRORS):
+                await pool.release(conn)
 
     async def bm25(
         self,

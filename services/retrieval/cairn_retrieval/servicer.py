@@ -7,13 +7,14 @@ status codes by the interceptor.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
 from google.protobuf import json_format
 
 from cairn.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
+from cairn_libs import door
 from cairn_libs.server import current_identity
 from cairn_retrieval.domain import (
     CorpusStats,
@@ -22,6 +23,7 @@ from cairn_retrieval.domain import (
     IncomingDocument,
     IngestProgress,
     Outcome,
+    RefusedDocument,
     SearchMode,
     SearchOutcome,
 )
@@ -29,6 +31,7 @@ from cairn_retrieval.ingest import Ingestor
 from cairn_retrieval.search import Searcher
 
 SERVICE_NAME = retrieval_pb2.DESCRIPTOR.services_by_name["RetrievalService"].full_name
+INGEST_METHOD = f"/{SERVICE_NAME}/IngestDocuments"
 
 _OUTCOME_TO_PROTO = {
     Outcome.INGESTED: retrieval_pb2.DOCUMENT_OUTCOME_INGESTED,
@@ -59,6 +62,21 @@ def document_from_proto(message: retrieval_pb2.Document) -> IncomingDocument:
         ),
         metadata=metadata,
     )
+
+
+def documents_from_proto(
+    messages: Sequence[retrieval_pb2.Document],
+) -> list[IncomingDocument | RefusedDocument]:
+    """Each document, or its refusal by the door: the bootstrap leaves `documents`
+    of IngestDocuments to us so that one bad document fails alone."""
+    documents: list[IncomingDocument | RefusedDocument] = []
+    for index, message in enumerate(messages):
+        refused = door.first_violation(message, path=f"documents[{index}]")
+        if refused is not None:
+            documents.append(RefusedDocument(message.document_id, refused.message))
+        else:
+            documents.append(document_from_proto(message))
+    return documents
 
 
 def result_to_proto(result: DocumentResult) -> retrieval_pb2.DocumentResult:
@@ -133,7 +151,7 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[retrieval_pb2.IngestDocumentsResponse]:
         principal = current_identity().principal
-        documents = [document_from_proto(d) for d in request.documents]
+        documents = documents_from_proto(request.documents)
         async for progress in self._ingestor.ingest(principal, documents):
             yield progress_to_proto(progress)
 
