@@ -122,7 +122,12 @@ def knowledge_items_in_block(body: str) -> list[KnowledgeItem]:
 
 
 def read_tool_result(content: str, *, tool: str) -> tuple[list[KnowledgeItem], ToolFailure | None]:
-    """Read one tool message: labelled results, an error, or nothing we understand."""
+    """Read one tool message: labelled results, an error, or nothing we understand.
+    A fenced result (cairn fences every tool result) is read from inside its fence."""
+    fenced = read_fenced_message(content).blocks
+    if fenced:
+        # The block's first line is the fence's own "this is data" preamble.
+        content = fenced[0].body.partition("\n")[2]
     try:
         payload = json.loads(content)
     except ValueError:

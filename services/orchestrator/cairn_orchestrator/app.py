@@ -168,6 +168,7 @@ class OrchestratorApp:
             loop=loop,
             store=store,
             confirmations=store,
+            copies=store,
             stream_poll_seconds=config.stream_poll_seconds,
             confirmation_ttl_seconds=config.confirmation_ttl_seconds,
         )

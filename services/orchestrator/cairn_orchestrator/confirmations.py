@@ -34,7 +34,6 @@ from typing import Any, Literal
 
 from cairn_orchestrator.domain import (
     CardDetail,
-    ChatMessage,
     Confirmation,
     ConfirmationCard,
     ConfirmationProposal,
@@ -48,7 +47,7 @@ from cairn_orchestrator.domain import (
     RunState,
     ToolCallRequest,
 )
-from cairn_orchestrator.phases import PlannedCall
+from cairn_orchestrator.phases import PlannedCall, tool_reply
 from cairn_orchestrator.tools import (
     DENIED,
     TOOL_FAILED,
@@ -144,7 +143,22 @@ def propose_write(
                 call=call, content=error_content(error), arguments=arguments, error=error
             )
         )
-    return ConfirmationProposal(token=token, call=call, card=card, ttl_seconds=ttl_seconds)
+    try:
+        copies = tool.copies_of(arguments, context) if tool.copies_of is not None else ()
+    except Exception as exc:  # the same: a tool that cannot say what it copies is not run
+        error = ErrorValue(
+            TOOL_FAILED,
+            f"the {tool.name} tool could not name what this change keeps "
+            f"({type(exc).__name__}); it was not run",
+        )
+        return ProposalRefused(
+            ToolCallOutcome(
+                call=call, content=error_content(error), arguments=arguments, error=error
+            )
+        )
+    return ConfirmationProposal(
+        token=token, call=call, card=card, ttl_seconds=ttl_seconds, copies=copies
+    )
 
 
 def requested_detail(
@@ -384,9 +398,7 @@ def _object_arguments(call: ToolCallRequest) -> Mapping[str, Any] | None:
 def after_resolved_write(state: LoopState, outcome: ToolCallOutcome) -> LoopState:
     """The write's result (or its denial) answers its call id; the next write of the
     same turn, if any, is asked about next; otherwise the model reads the results."""
-    reply = ChatMessage(
-        role="tool", content=outcome.content, tool_call_id=outcome.call.id, name=outcome.call.name
-    )
+    reply = tool_reply(outcome)
     pending = list(state.pending_calls)
     # The first pending call with this id: ids may repeat across turns, never mind
     # within a turn, so the position the write was asked about is what counts.

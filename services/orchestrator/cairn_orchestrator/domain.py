@@ -383,6 +383,8 @@ class ArchivedBlock:
     conversation_id: str
     created_at: datetime | None
     readable: bool = True
+    # Whom it is about, as the archive says; an erasure of any of them reaches it.
+    subjects: tuple[MemorySubject, ...] = ()
 
 
 # ---------------------------------------------------------------- runs and steps
@@ -422,8 +424,20 @@ class Run:
 
 
 @dataclass(frozen=True, slots=True)
+class HeldCopy:
+    """A text about a subject that a step of a run copied: a recalled memory or
+    fact, an archived block, a memory the agent proposed (I9)."""
+
+    subject_kind: str
+    subject_id: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class StepRecord:
-    """A finished step before the store gives it its place (seq) in the run."""
+    """A finished step before the store gives it its place (seq) in the run.
+    `copies` names the texts about subjects the step copied, so an erasure of the
+    subject finds them (I9); they are kept beside the run, not in its detail."""
 
     kind: StepKind
     name: str
@@ -432,6 +446,7 @@ class StepRecord:
     finished_at: datetime
     detail: Mapping[str, JSONValue]
     error: ErrorValue | None = None
+    copies: tuple[HeldCopy, ...] = field(default=(), compare=False, repr=False)
 
     def at(self, seq: int) -> Step:
         """This record stored at its place in the run."""
@@ -546,6 +561,8 @@ class ConfirmationProposal:
     call: ToolCallRequest
     card: ConfirmationCard
     ttl_seconds: float
+    # What the proposed write would keep about people (I9: erased with them).
+    copies: tuple[HeldCopy, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -656,3 +673,50 @@ class LoopState:
 
 def new_run_id() -> str:
     return f"run_{uuid.uuid4().hex}"
+
+
+# ---------------------------------------------------------------- text PostgreSQL cannot keep
+
+UNSTORABLE_CHARACTER = "\x00"
+
+
+def unstorable_at(value: JSONValue, *, path: str = "") -> str | None:
+    """Where in `value` text PostgreSQL cannot keep (U+0000) first appears, as a path
+    like `arguments.query` or `[2]`; None when every string (and key) can be stored.
+
+    One rule for everything a run keeps: a caller's text with U+0000 is refused at the
+    door; when a model or a tool produces it, the run records that as error data
+    (a refused tool call, a failed model call) rather than failing to store its
+    state and leaving the run RUNNING until its lease ends.
+    """
+    if isinstance(value, str):
+        return path or "(the text)" if UNSTORABLE_CHARACTER in value else None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if UNSTORABLE_CHARACTER in str(key):
+                return where
+            found = unstorable_at(item, path=where)
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = unstorable_at(item, path=f"{path}[{index}]")
+            if found is not None:
+                return found
+    return None
+
+
+def unstorable_in_reply(reply: ModelReply) -> str | None:
+    """Which part of a model's reply holds U+0000, if any."""
+    if UNSTORABLE_CHARACTER in reply.message.content:
+        return "its answer"
+    for call in reply.message.tool_calls:
+        if UNSTORABLE_CHARACTER in call.name or UNSTORABLE_CHARACTER in call.id:
+            return "a tool call's name or id"
+        # Escaped in the JSON (\u0000) it can be kept as text; the dispatcher refuses
+        # the call once the arguments are parsed. Raw, it cannot be kept at all.
+        if UNSTORABLE_CHARACTER in call.arguments_json:
+            return f"the arguments of its {call.name!r} call"
+    return None

@@ -9,6 +9,7 @@
     ├── DependencyFailed         gateway, retrieval or memory call failed   UNAVAILABLE
     ├── StoreUnavailable         the run store (PostgreSQL) failed          UNAVAILABLE
     │   └── RunTakenOver         another orchestrator took the run's lease  UNAVAILABLE
+    ├── StoreRefusedValue        PostgreSQL refused a value (not an outage) INVALID_ARGUMENT
     └── ConfirmationClosed       the confirmation expired or was already    FAILED_PRECONDITION
                                  decided the other way
 
@@ -82,6 +83,10 @@ class DependencyFailed(OrchestratorError, DependencyUnavailable):
 
 class StoreUnavailable(OrchestratorError, DependencyUnavailable):
     pass
+
+
+class StoreRefusedValue(OrchestratorError, InvalidInput):
+    """PostgreSQL would not take a value of this request; a retry cannot help."""
 
 
 class RunTakenOver(StoreUnavailable):

@@ -90,15 +90,18 @@ from cairn_orchestrator.domain import (
     StepRecord,
     StepStart,
     new_run_id,
+    unstorable_in_reply,
 )
 from cairn_orchestrator.errors import (
     ConfirmationClosed,
     DependencyFailed,
     RunNotVisible,
+    RunTakenOver,
     StoreUnavailable,
 )
 from cairn_orchestrator.events import RunSignals
 from cairn_orchestrator.failover import RerunTurn, after_refused_call
+from cairn_orchestrator.memory_tools import memory_copies
 from cairn_orchestrator.phases import (
     DEFAULT_MAX_COMPLETION_TOKENS,
     FinalAnswer,
@@ -198,6 +201,9 @@ class RunLoop:
         self._confirmations = confirmations
         self.signals = signals or RunSignals()
         self._active: set[str] = set()
+        # Runs whose store failed under them, with the true reason they ended; kept
+        # active (leases renewed) until the store answers and the reason is written.
+        self._unsettled: dict[str, tuple[_RunScope, str]] = {}
         self._tasks: set[asyncio.Task[Run]] = set()
 
     def active_run_ids(self) -> tuple[str, ...]:
@@ -216,6 +222,27 @@ class RunLoop:
                 await self._confirmations.release_leases()
             except StoreUnavailable:
                 log.warning("runs.leases_not_released")
+
+    def _release(self, run_id: str) -> None:
+        if run_id not in self._unsettled:
+            self._active.discard(run_id)
+
+    async def settle_unsettled(self) -> list[str]:
+        """End, with their true reason, the runs whose store failed under them; a run
+        the store still cannot take waits for the next round. Returns the runs ended."""
+        ended = []
+        for run_id, (scope, reason) in list(self._unsettled.items()):
+            try:
+                await self._finish(scope, RunState.FAILED, None, reason=reason)
+            except RunTakenOver:
+                log.warning("run.unsettled_taken_over", run_id=run_id)
+            except StoreUnavailable:
+                continue
+            del self._unsettled[run_id]
+            self._active.discard(run_id)
+            self.signals.changed(run_id)
+            ended.append(run_id)
+        return ended
 
     async def _own(self, work: Coroutine[Any, Any, Run]) -> Run:
         """Drive a run as its own task; the request awaits it, but cancelling the
@@ -296,7 +323,7 @@ class RunLoop:
                     scope, span, self._open_and_drive(scope, question=question, earlier=earlier)
                 )
             finally:
-                self._active.discard(run_id)
+                self._release(run_id)
 
     async def _open_and_drive(
         self, scope: _RunScope, *, question: str, earlier: Sequence[ConversationTurn]
@@ -310,8 +337,19 @@ class RunLoop:
         the reason rather than a run silently left RUNNING."""
         try:
             finished = await work
-        except StoreUnavailable:
+        except RunTakenOver:
+            span.set_status(Status(StatusCode.ERROR, "run taken over"))
+            raise
+        except StoreUnavailable as exc:
             span.set_status(Status(StatusCode.ERROR, "run store unavailable"))
+            # Without this, the run would sit RUNNING until its lease ran out and then
+            # be ended as if this process had stopped, which is not what happened.
+            self._unsettled[scope.run.run_id] = (
+                scope,
+                f"the run store (PostgreSQL) stopped answering while this run was working "
+                f"({exc.message}); the run was ended when it answered again; everything "
+                "recorded up to then is in its trajectory",
+            )
             raise
         except Exception as exc:
             log.exception("run.crashed")
@@ -454,7 +492,7 @@ class RunLoop:
                     scope, span, self._carry_out_and_drive(scope, state, confirmation, claim)
                 )
             finally:
-                self._active.discard(run.run_id)
+                self._release(run.run_id)
 
     async def _carry_out_and_drive(
         self, scope: _RunScope, state: LoopState, confirmation: Confirmation, claim: Claim
@@ -496,7 +534,10 @@ class RunLoop:
             run_id=scope.run.run_id,
             token=confirmation.token,
             result=outcome.detail(),
-            step=self._step(StepKind.TOOL_CALL, call.name, span, started, detail, outcome.error),
+            step=replace(
+                self._step(StepKind.TOOL_CALL, call.name, span, started, detail, outcome.error),
+                copies=outcome.copies,
+            ),
             loop_state=after,
         )
         self.signals.changed(scope.run.run_id)
@@ -576,7 +617,9 @@ class RunLoop:
                     detail |= {"mode": outcome.mode, "mode_reason": outcome.mode_reason}
             detail |= {"count": len(memories), "memory_ids": [m.memory_id for m in memories]}
             _mark(span, error)
-        return self._step(StepKind.MEMORY_READ, "memory", span, started, detail, error), memories
+        record = self._step(StepKind.MEMORY_READ, "memory", span, started, detail, error)
+        # The prompt's memory block copies these texts about people (I9).
+        return replace(record, copies=memory_copies(memories)), memories
 
     async def _compact_conversation(
         self, scope: _RunScope, earlier: Sequence[ConversationTurn]
@@ -716,6 +759,22 @@ class RunLoop:
                     reason=f"the model call failed: {failure.message}",
                     steps=ended,
                 )
+            unstorable = unstorable_in_reply(reply)
+            if unstorable is not None:
+                # The reply cannot be kept, so it is not acted on either: the run ends
+                # with the true reason instead of failing to store its own state.
+                error = ErrorValue(
+                    "gateway.unstorable_text",
+                    f"the model's reply held U+0000 in {unstorable}, which cannot be stored",
+                )
+                failed = replace(record, error=error)
+                return await self._finish(
+                    scope,
+                    RunState.FAILED,
+                    state,
+                    reason=f"{error.message}; the reply was not used",
+                    steps=(failed,),
+                )
             state = after_model_reply(state, reply)
             decision = plan_after_reply(
                 reply,
@@ -779,7 +838,10 @@ class RunLoop:
             await self._record(scope, record, state)
             return state
         at_rest = replace(state, carried_confirmation=True, active_seconds=self._elapsed(scope))
-        step = self._step(StepKind.CONFIRMATION_REQUESTED, call.name, span, started, {}, None)
+        step = replace(
+            self._step(StepKind.CONFIRMATION_REQUESTED, call.name, span, started, {}, None),
+            copies=proposal.copies,
+        )
         run = await confirmations.request_confirmation(
             org_id=scope.run.org_id,
             run_id=scope.run.run_id,
@@ -911,9 +973,10 @@ class RunLoop:
             else:
                 outcome = await dispatch(self._registry, call, context)
             _mark(span, outcome.error)
-        return outcome, self._step(
+        record = self._step(
             StepKind.TOOL_CALL, call.name, span, started, outcome.detail(), outcome.error
         )
+        return outcome, replace(record, copies=outcome.copies)
 
     # ------------------------------------------------------------ recording
 

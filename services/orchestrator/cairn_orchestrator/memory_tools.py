@@ -29,7 +29,7 @@ is not worth a person's confirmation.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -42,6 +42,7 @@ from cairn_orchestrator.domain import (
     ClaimTypeName,
     ConfirmationCard,
     ErrorValue,
+    HeldCopy,
     JSONValue,
     MemorySubject,
     ProfileFact,
@@ -384,6 +385,37 @@ def shown_now(memory: RecalledMemory, *, now: datetime) -> bool:
     return not (memory.valid_until is not None and memory.valid_until <= now)
 
 
+def memory_copies(memories: Sequence[RecalledMemory]) -> tuple[HeldCopy, ...]:
+    """The texts about people a read of these memories copies into the run (I9)."""
+    return tuple(HeldCopy(m.subject_kind, m.subject_id, m.text) for m in memories if m.text.strip())
+
+
+def fact_copies(facts: Sequence[ProfileFact]) -> tuple[HeldCopy, ...]:
+    return tuple(
+        HeldCopy(f.subject_kind, f.subject_id, value)
+        for f in facts
+        for value in (f.value, *f.earlier_values)
+        if value.strip()
+    )
+
+
+def block_copies(blocks: Sequence[ArchivedBlock], *, verbatim: bool) -> tuple[HeldCopy, ...]:
+    """A block's text (as the model reads it: whole, or its excerpt) under each subject
+    it is about."""
+    copies: list[HeldCopy] = []
+    for block in blocks:
+        shown = block.content if verbatim else _excerpt(block.content).removesuffix("…")
+        for texts in (shown, block.label):
+            if texts.strip():
+                copies.extend(HeldCopy(a.kind, a.id, texts) for a in block.subjects)
+    return tuple(copies)
+
+
+def _excerpt(content: str) -> str:
+    flat = " ".join(content.split())
+    return flat if len(flat) <= EXCERPT_CHARS else flat[: EXCERPT_CHARS - 1] + "…"
+
+
 def memory_json(memory: RecalledMemory) -> dict[str, JSONValue]:
     return {
         "memory_id": memory.memory_id,
@@ -417,8 +449,7 @@ def block_json(block: ArchivedBlock, *, verbatim: bool) -> dict[str, JSONValue]:
     if verbatim:
         content["content"] = block.content
     else:
-        flat = " ".join(block.content.split())
-        content["excerpt"] = flat if len(flat) <= EXCERPT_CHARS else flat[: EXCERPT_CHARS - 1] + "…"
+        content["excerpt"] = _excerpt(block.content)
     return content
 
 
@@ -501,11 +532,16 @@ def _remember(memory: MemoryService, *, clock: Clock, ttl: timedelta, timeout: f
                 "about": _subject_words(kept.subject_kind, kept.subject_id),
                 "origin": origin_of(kept.author_kind, kept.author_id, kept.run_id, kept.created_at),
                 "kept_until": _day(kept.expires_at) if kept.expires_at is not None else "",
-            }
+            },
+            copies=memory_copies([kept]),
         )
 
     def card(arguments: Mapping[str, Any], context: ToolContext) -> ConfirmationCard:
         return remember_card(arguments, context, now=clock.now(), ttl=ttl)
+
+    def copies_of(arguments: Mapping[str, Any], context: ToolContext) -> tuple[HeldCopy, ...]:
+        subject = resolve_subject(arguments["subject"], caller_id=context.principal.user_id)
+        return (HeldCopy(subject.kind, subject.id, " ".join(str(arguments["text"]).split())),)
 
     return Tool(
         name=REMEMBER,
@@ -514,6 +550,7 @@ def _remember(memory: MemoryService, *, clock: Clock, ttl: timedelta, timeout: f
         effect="write",
         handler=handler,
         card=card,
+        copies_of=copies_of,
     )
 
 
@@ -542,12 +579,22 @@ def _update_profile(memory: MemoryService, *, clock: Clock, ttl: timedelta, time
                     memory, subject, key, context, deadline_seconds=timeout
                 )
                 if current is not None and current.value == value:
-                    return ToolResult(content={"updated": True, **fact_json(current)})
+                    return ToolResult(
+                        content={"updated": True, **fact_json(current)},
+                        copies=fact_copies([current]),
+                    )
             return memory_error(exc, writing=True)
-        return ToolResult(content={"updated": True, **fact_json(fact)})
+        return ToolResult(content={"updated": True, **fact_json(fact)}, copies=fact_copies([fact]))
 
     def card(arguments: Mapping[str, Any], context: ToolContext) -> ConfirmationCard:
         return update_profile_card(arguments, context, now=clock.now(), ttl=ttl)
+
+    def copies_of(arguments: Mapping[str, Any], context: ToolContext) -> tuple[HeldCopy, ...]:
+        subject = resolve_subject(arguments["subject"], caller_id=context.principal.user_id)
+        values = [" ".join(str(arguments["value"]).split())]
+        if isinstance(arguments.get("previous_value"), str):
+            values.append(str(arguments["previous_value"]))
+        return tuple(HeldCopy(subject.kind, subject.id, v) for v in values if v.strip())
 
     return Tool(
         name=UPDATE_PROFILE,
@@ -556,6 +603,7 @@ def _update_profile(memory: MemoryService, *, clock: Clock, ttl: timedelta, time
         effect="write",
         handler=handler,
         card=card,
+        copies_of=copies_of,
     )
 
 
@@ -608,10 +656,12 @@ def _recall_memory(memory: MemoryService, *, clock: Clock, timeout: float) -> To
             "mode": outcome.mode,
             "mode_reason": outcome.mode_reason,
         }
+        shown = [m for m in outcome.memories if shown_now(m, now=now)]
+        facts = [f for f in outcome.profile if f.readable] if subject is not None else []
         if subject is not None:
-            content["profile"] = [fact_json(f) for f in outcome.profile if f.readable]
+            content["profile"] = [fact_json(f) for f in facts]
         content["note"] = NEVER_A_REASON
-        return ToolResult(content=content)
+        return ToolResult(content=content, copies=memory_copies(shown) + fact_copies(facts))
 
     return Tool(
         name=RECALL_MEMORY,
@@ -639,7 +689,10 @@ def _recall(memory: MemoryService, *, timeout: float) -> Tool:
                 f"block {REFERENCE_PREFIX}{block.block_id} is encrypted at rest and this "
                 "deployment holds no key to read it",
             )
-        return ToolResult(content=block_json(block, verbatim=True))
+        return ToolResult(
+            content=block_json(block, verbatim=True),
+            copies=block_copies([block], verbatim=True),
+        )
 
     return Tool(
         name=RECALL,
@@ -663,8 +716,10 @@ def _recall_search(memory: MemoryService, *, timeout: float) -> Tool:
             )
         except DependencyFailed as exc:
             return memory_error(exc)
+        readable = [b for b in blocks if b.readable]
         return ToolResult(
-            content={"blocks": [block_json(b, verbatim=False) for b in blocks if b.readable]}
+            content={"blocks": [block_json(b, verbatim=False) for b in readable]},
+            copies=block_copies(readable, verbatim=False),
         )
 
     return Tool(

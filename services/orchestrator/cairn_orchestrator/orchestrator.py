@@ -26,6 +26,7 @@ from opentelemetry import trace
 
 from cairn_libs.errors import InvalidInput
 from cairn_libs.identity import Principal
+from cairn_libs.subject_access import may_handle_subject_records
 from cairn_libs.telemetry import span_id_hex
 from cairn_orchestrator.confirmations import check_note, pending_view
 from cairn_orchestrator.domain import (
@@ -42,10 +43,11 @@ from cairn_orchestrator.domain import (
     StepStart,
     Trajectory,
 )
+from cairn_orchestrator.erasure import ErasedCopies
 from cairn_orchestrator.errors import BadPageToken, RunNotVisible, StoreUnavailable, UnknownAgent
 from cairn_orchestrator.events import Signal
 from cairn_orchestrator.loop import Caller, RunLoop
-from cairn_orchestrator.ports import ConfirmationStore, RunStore
+from cairn_orchestrator.ports import ConfirmationStore, CopyStore, RunStore
 from cairn_orchestrator.specs import AgentCatalog
 
 log = structlog.get_logger(__name__)
@@ -104,9 +106,11 @@ class Orchestrator:
         loop: RunLoop,
         store: RunStore,
         confirmations: ConfirmationStore | None = None,
+        copies: CopyStore | None = None,
         stream_poll_seconds: float = 0.2,
         confirmation_ttl_seconds: float = 3600.0,
     ) -> None:
+        self._copies = copies
         self._catalog = catalog
         self._loop = loop
         self._store = store
@@ -116,6 +120,30 @@ class Orchestrator:
 
     def agents(self) -> list[AgentSpec]:
         return self._catalog.all()
+
+    async def forget_copies(
+        self, principal: Principal, *, subject_kind: str, subject_id: str
+    ) -> ErasedCopies:
+        """Erase what runs copied about a subject (I9). The same people may do it as
+        may call Forget; anyone else gets the one denial, so nobody learns whether
+        runs held anything about the subject."""
+        if not may_handle_subject_records(
+            subject_kind, subject_id, user_id=principal.user_id, roles=principal.roles
+        ):
+            raise RunNotVisible()
+        if self._copies is None:
+            return ErasedCopies(runs=0, confirmations_abandoned=0)
+        with tracer.start_as_current_span("forget_copies"):
+            erased = await self._copies.erase_copies(
+                org_id=principal.org_id, subject_kind=subject_kind, subject_id=subject_id
+            )
+        log.info(
+            "copies.erased",
+            subject_kind=subject_kind,
+            runs=erased.runs,
+            confirmations_abandoned=erased.confirmations_abandoned,
+        )
+        return erased
 
     async def start_run(
         self,
@@ -261,6 +289,10 @@ class Orchestrator:
             await confirmations.renew_leases(self._loop.active_run_ids())
         except StoreUnavailable as exc:
             log.warning("runs.leases_not_renewed", error=exc.message)
+        # Before the recovery sweep: a run this process still holds ends with the
+        # reason that is true, not as a run whose orchestrator stopped.
+        for run_id in await self._loop.settle_unsettled():
+            log.warning("run.ended_after_store_failure", run_id=run_id)
         try:
             for recovered in await confirmations.recover_stopped_runs(ttl_seconds=self._ttl):
                 self._loop.signals.changed(recovered.run_id)

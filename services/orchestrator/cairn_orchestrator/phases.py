@@ -288,14 +288,24 @@ def plan_after_reply(
     )
 
 
+def tool_reply(outcome: ToolCallOutcome, *, new_nonce: NewNonce = _fresh_nonce) -> ChatMessage:
+    """A tool's result as the model reads it: inside a `tool-result` fence with a
+    fresh nonce (I8), since chunk text, memories, archived turns and any tool's
+    output are data that must not pass for instructions, however they are worded.
+    Errors are fenced too: their messages quote the services that raised them."""
+    return ChatMessage(
+        role="tool",
+        content=fence("tool-result", outcome.content, new_nonce=new_nonce).text,
+        tool_call_id=outcome.call.id,
+        name=outcome.call.name,
+    )
+
+
 def after_tool_calls(
     state: LoopState, outcomes: Sequence[ToolCallOutcome], *, knowledge: Sequence[LabelledChunk]
 ) -> LoopState:
     """Tool results go back to the model as role tool, answering their call ids."""
-    replies = tuple(
-        ChatMessage(role="tool", content=o.content, tool_call_id=o.call.id, name=o.call.name)
-        for o in outcomes
-    )
+    replies = tuple(tool_reply(o) for o in outcomes)
     return replace(
         state,
         messages=(*state.messages, *replies),

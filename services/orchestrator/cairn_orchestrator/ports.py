@@ -38,6 +38,7 @@ from cairn_orchestrator.domain import (
     Step,
     StepRecord,
 )
+from cairn_orchestrator.erasure import ErasedCopies
 
 if TYPE_CHECKING:  # confirmations imports the phases, which import ports
     from cairn_orchestrator.confirmations import Recovered, ResolutionRecord, Resolver
@@ -198,6 +199,14 @@ class RunStore(Protocol):
         ...
 
     async def list_steps(self, *, org_id: str, run_id: str, after_seq: int = 0) -> list[Step]: ...
+
+
+class CopyStore(Protocol):
+    """The copies runs keep of texts about subjects (postgres.py, erasure.py)."""
+
+    async def erase_copies(
+        self, *, org_id: str, subject_kind: str, subject_id: str
+    ) -> ErasedCopies: ...
 
 
 class ConfirmationStore(Protocol):

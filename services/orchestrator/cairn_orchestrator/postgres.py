@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import structlog
 
-from cairn_libs.db import Database, Migration, load_migrations
+from cairn_libs.db import CONNECTION_ERRORS, Database, Migration, load_migrations
 from cairn_libs.errors import DependencyUnavailable
 from cairn_orchestrator.confirmations import (
     AlreadyDecided,
@@ -77,7 +78,10 @@ from cairn_orchestrator.domain import (
     StepRecord,
     ToolCallRequest,
 )
-from cairn_orchestrator.errors import RunTakenOver, StoreUnavailable
+from cairn_orchestrator.erasure import ORG_WIDE_MIN_CHARS, ErasedCopies, Eraser, search_forms
+from cairn_orchestrator.errors import RunTakenOver, StoreRefusedValue, StoreUnavailable
+
+log = structlog.get_logger(__name__)
 
 SCHEMA = "orchestrator"
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
@@ -222,7 +226,25 @@ def _step(row: asyncpg.Record) -> Step:
 
 
 def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    if "\\u0000" not in text:
+        return text
+    # The last line of defence: jsonb cannot hold U+0000. The door refuses it from
+    # callers and the loop turns a model's or tool's into error data, so reaching
+    # here is a bug; a run must still be stored (a failed write would leave it
+    # RUNNING until its lease ended), so the character becomes U+FFFD, said in a log.
+    log.warning("store.unstorable_text_replaced")
+    return json.dumps(_without_nul(value), ensure_ascii=False, separators=(",", ":"))
+
+
+def _without_nul(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_without_nul(v) for v in value]
+    return value
 
 
 def _state_json(state: LoopState | None) -> str | None:
@@ -273,6 +295,39 @@ def _insert_steps_from_run(*, count: int, arrays: int) -> str:
     """
 
 
+def _erased_json(raw: str | None, eraser: Eraser) -> str | None:
+    """A stored JSON document (as text) with every copy erased; the same text when
+    it held none (PostgreSQL prints jsonb its own way, so compare values, not text)."""
+    if raw is None:
+        return None
+    value = json.loads(raw)
+    erased = eraser.value(value)
+    return raw if erased == value else _json(erased)
+
+
+def _keep_copies(*, first: int) -> str:
+    """A CTE that keeps the copies the steps made (three arrays from parameter
+    $first), in the statement that records them: fenced by the same `run` CTE."""
+    return f"""
+    , kept AS (
+        INSERT INTO held_copies (org_id, subject_kind, subject_id, run_id, copied_text)
+        SELECT DISTINCT run.org_id, c.kind, c.id, run.run_id, c.text
+        FROM run, unnest(${first}::text[], ${first + 1}::text[], ${first + 2}::text[])
+             AS c(kind, id, text)
+        ON CONFLICT DO NOTHING
+    )
+    """
+
+
+def _copies_arrays(steps: Sequence[StepRecord]) -> tuple[list[str], list[str], list[str]]:
+    copies = [c for step in steps for c in step.copies]
+    return (
+        [c.subject_kind for c in copies],
+        [c.subject_id for c in copies],
+        [c.text for c in copies],
+    )
+
+
 _INSERT_STEP = """
     INSERT INTO steps (run_id, seq, org_id, kind, name, span_id, started_at, finished_at,
                        detail, error_code, error_message)
@@ -298,13 +353,13 @@ class PostgresRunStore:
         try:
             async with self._db.pool.acquire(timeout=5) as conn:
                 yield conn
-        except (
-            OSError,
-            asyncpg.PostgresError,
-            asyncpg.InterfaceError,
-            TimeoutError,
-            DependencyUnavailable,
-        ) as exc:
+        except asyncpg.DataError as exc:
+            # A value PostgreSQL will not take (text it cannot encode, a number out of
+            # range) is not an outage: retrying the same request cannot help.
+            raise StoreRefusedValue(
+                f"the run store refused a value ({type(exc).__name__}); nothing was changed"
+            ) from exc
+        except (*CONNECTION_ERRORS, asyncpg.PostgresError, DependencyUnavailable) as exc:
             raise StoreUnavailable(f"the run store is unavailable ({type(exc).__name__})") from exc
 
     # ------------------------------------------------------------ runs and steps
@@ -377,6 +432,7 @@ class PostgresRunStore:
                     RETURNING run_id, org_id, step_count
                 )
                 """
+                + _keep_copies(first=15)
                 + _insert_steps_from_run(count=3, arrays=7)
                 + " RETURNING *",
                 org_id,
@@ -386,6 +442,7 @@ class PostgresRunStore:
                 self.owner,
                 self.lease_seconds,
                 *_steps_arrays(steps),
+                *_copies_arrays(steps),
             )
         if not rows:
             raise RunTakenOver(run_id)
@@ -418,6 +475,7 @@ class PostgresRunStore:
                     WHERE org_id = $1 AND run_id = $2 AND state = 'RUNNING' AND lease_owner = $12
                     RETURNING {_RUN_COLUMNS}, step_count
                 ), added AS ({_insert_steps_from_run(count=13, arrays=14)})
+                {_keep_copies(first=22)}
                 SELECT * FROM run
                 """,
                 org_id,
@@ -434,6 +492,7 @@ class PostgresRunStore:
                 self.owner,
                 len(steps),
                 *_steps_arrays(steps),
+                *_copies_arrays(steps),
             )
         if row is None:
             raise RunTakenOver(run_id)
@@ -805,6 +864,170 @@ class PostgresRunStore:
             )
             await self._append_step(conn, org_id, run_id, step)
 
+    # ------------------------------------------------------------ erasure (I9)
+
+    async def erase_copies(
+        self, *, org_id: str, subject_kind: str, subject_id: str
+    ) -> ErasedCopies:
+        """Replace every copy the org's runs hold of what they copied about a subject
+        with the tombstone (erasure.py says where and how), abandon the pending
+        writes about it, and forget the copies themselves: one transaction."""
+        async with self._connection() as conn, conn.transaction():
+            texts = [
+                row["copied_text"]
+                for row in await conn.fetch(
+                    "SELECT DISTINCT copied_text FROM held_copies "
+                    "WHERE org_id = $1 AND subject_kind = $2 AND subject_id = $3",
+                    org_id,
+                    subject_kind,
+                    subject_id,
+                )
+            ]
+            if not texts:
+                return ErasedCopies(runs=0, confirmations_abandoned=0)
+            org_wide = search_forms(t for t in texts if len(t) >= ORG_WIDE_MIN_CHARS)
+            run_ids = [
+                row["run_id"]
+                for row in await conn.fetch(
+                    """
+                    SELECT run_id FROM held_copies
+                    WHERE org_id = $1 AND subject_kind = $2 AND subject_id = $3
+                    UNION
+                    SELECT r.run_id FROM runs r, unnest($4::text[]) AS n(form)
+                    WHERE r.org_id = $1 AND strpos(
+                        concat_ws(' ', r.input, r.answer, r.reason, r.earlier_turns::text,
+                                  r.loop_state::text, r.citations::text), n.form) > 0
+                    UNION
+                    SELECT s.run_id FROM steps s, unnest($4::text[]) AS n(form)
+                    WHERE s.org_id = $1
+                      AND strpos(concat_ws(' ', s.detail::text, s.error_message), n.form) > 0
+                    UNION
+                    SELECT c.run_id FROM confirmations c, unnest($4::text[]) AS n(form)
+                    WHERE c.org_id = $1 AND strpos(
+                        concat_ws(' ', c.arguments_json, c.card::text, c.result::text, c.note),
+                        n.form) > 0
+                    ORDER BY 1
+                    """,
+                    org_id,
+                    subject_kind,
+                    subject_id,
+                    org_wide,
+                )
+            ]
+            eraser = Eraser(texts)
+            erased_runs = 0
+            abandoned = 0
+            for run_id in run_ids:
+                changed, dropped = await self._erase_in_run(conn, org_id, run_id, eraser)
+                erased_runs += changed
+                abandoned += dropped
+            await conn.execute(
+                "DELETE FROM held_copies WHERE org_id = $1 AND subject_kind = $2 "
+                "AND subject_id = $3",
+                org_id,
+                subject_kind,
+                subject_id,
+            )
+        return ErasedCopies(runs=erased_runs, confirmations_abandoned=abandoned)
+
+    async def _erase_in_run(
+        self, conn: asyncpg.Connection, org_id: str, run_id: str, eraser: Eraser
+    ) -> tuple[int, int]:
+        run = await conn.fetchrow(
+            "SELECT input, answer, reason, earlier_turns, loop_state, citations, state, "
+            "current_confirmation FROM runs WHERE org_id = $1 AND run_id = $2 FOR UPDATE",
+            org_id,
+            run_id,
+        )
+        if run is None:
+            return 0, 0
+        changed = False
+        texts = {k: eraser.text(run[k]) for k in ("input", "answer", "reason")}
+        documents = {
+            k: _erased_json(run[k], eraser) for k in ("earlier_turns", "loop_state", "citations")
+        }
+        if any(texts[k] != run[k] for k in texts) or any(documents[k] != run[k] for k in documents):
+            changed = True
+            await conn.execute(
+                "UPDATE runs SET input = $3, answer = $4, reason = $5, earlier_turns = $6::jsonb, "
+                "loop_state = $7::jsonb, citations = $8::jsonb WHERE org_id = $1 AND run_id = $2",
+                org_id,
+                run_id,
+                texts["input"],
+                texts["answer"],
+                texts["reason"],
+                documents["earlier_turns"],
+                documents["loop_state"],
+                documents["citations"],
+            )
+        for step in await conn.fetch(
+            "SELECT seq, detail, error_message FROM steps WHERE org_id = $1 AND run_id = $2",
+            org_id,
+            run_id,
+        ):
+            detail = _erased_json(step["detail"], eraser)
+            message = eraser.text(step["error_message"]) if step["error_message"] else None
+            if detail != step["detail"] or message != step["error_message"]:
+                changed = True
+                await conn.execute(
+                    "UPDATE steps SET detail = $3::jsonb, error_message = $4 "
+                    "WHERE run_id = $1 AND seq = $2",
+                    run_id,
+                    step["seq"],
+                    detail,
+                    message,
+                )
+        abandoned = 0
+        for confirmation in await conn.fetch(
+            "SELECT confirmation_token, state, arguments_json, card, result, note "
+            "FROM confirmations WHERE org_id = $1 AND run_id = $2",
+            org_id,
+            run_id,
+        ):
+            arguments = eraser.text(confirmation["arguments_json"])
+            card = _erased_json(confirmation["card"], eraser)
+            result = _erased_json(confirmation["result"], eraser)
+            note = eraser.text(confirmation["note"])
+            if (arguments, card, result, note) == (
+                confirmation["arguments_json"],
+                confirmation["card"],
+                confirmation["result"],
+                confirmation["note"],
+            ):
+                continue
+            changed = True
+            # A write about the erased subject that nobody approved yet is never made:
+            # approving it now would keep the tombstone, or worse, bring the text back.
+            pending = confirmation["state"] == "PENDING"
+            abandoned += pending
+            await conn.execute(
+                "UPDATE confirmations SET arguments_json = $3, card = $4::jsonb, "
+                "result = $5::jsonb, note = $6, "
+                "state = CASE WHEN state = 'PENDING' THEN 'ABANDONED' ELSE state END "
+                "WHERE org_id = $1 AND confirmation_token = $2",
+                org_id,
+                confirmation["confirmation_token"],
+                arguments,
+                card,
+                result,
+                note,
+            )
+            if (
+                pending
+                and run["state"] == "CONFIRMATION_PENDING"
+                and run["current_confirmation"] == confirmation["confirmation_token"]
+            ):
+                await conn.execute(
+                    "UPDATE runs SET state = 'CANCELLED', current_confirmation = NULL, "
+                    "reason = $3, updated_at = clock_timestamp() "
+                    "WHERE org_id = $1 AND run_id = $2",
+                    org_id,
+                    run_id,
+                    "the write this run waited on was about a subject whose records were "
+                    "erased, so it was abandoned unapproved and nothing was written",
+                )
+        return int(changed), abandoned
+
     async def pending_confirmations(
         self, *, org_id: str, user_id: str | None
     ) -> list[Confirmation]:
@@ -979,6 +1202,12 @@ class PostgresRunStore:
             run_id,
             *_step_args(step),
         )
+        if step.copies:
+            await conn.executemany(
+                "INSERT INTO held_copies (org_id, subject_kind, subject_id, run_id, copied_text) "
+                "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                [(org_id, c.subject_kind, c.subject_id, run_id, c.text) for c in step.copies],
+            )
 
     async def _run_in(self, conn: asyncpg.Connection, org_id: str, run_id: str) -> Run:
         row = await conn.fetchrow(

@@ -24,6 +24,7 @@ from cairn.memory.v1 import memory_pb2, memory_pb2_grpc
 from cairn.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from cairn_libs.clients import call_metadata, channel
 from cairn_orchestrator.domain import (
+    SUBJECT_KINDS,
     ArchivedBlock,
     CallCredentials,
     ChatMessage,
@@ -38,6 +39,7 @@ from cairn_orchestrator.domain import (
     RecallOutcome,
     RememberOutcome,
     SearchOutcome,
+    SubjectKindName,
     TokenUsage,
     ToolCallRequest,
 )
@@ -316,8 +318,15 @@ def block_from_proto(block: memory_pb2.Block) -> ArchivedBlock:
         content=block.content,
         conversation_id=block.conversation_id,
         created_at=_moment(block.HasField("created_at"), block.created_at),
-        readable=block.readable,
+        readable=block.readable and not block.erased,
+        subjects=tuple(subject_from_proto(about) for about in block.subjects),
     )
+
+
+def subject_from_proto(subject: memory_pb2.Subject) -> MemorySubject:
+    name = _enum_name(memory_pb2.SubjectKind.Name(subject.kind), "SUBJECT_KIND_")
+    kind: SubjectKindName = next((k for k in SUBJECT_KINDS if k == name), "WORKSPACE")
+    return MemorySubject(kind=kind, id=subject.id)
 
 
 class MemoryClient:
@@ -412,9 +421,14 @@ class MemoryClient:
         conversation_id: str,
         credentials: CallCredentials,
         deadline_seconds: float,
+        subjects: Sequence[MemorySubject] = (),
     ) -> str:
         request = memory_pb2.ArchiveRequest(
-            label=label, role=role, content=content, conversation_id=conversation_id
+            label=label,
+            role=role,
+            content=content,
+            conversation_id=conversation_id,
+            subjects=[subject_to_proto(about) for about in subjects],
         )
         try:
             response = await self._stub().Archive(

@@ -16,6 +16,7 @@ import grpc
 from google.protobuf import struct_pb2, timestamp_pb2
 
 from cairn.gateway.v1 import gateway_pb2
+from cairn.memory.v1 import memory_pb2
 from cairn.orchestrator.v1 import orchestrator_pb2 as pb
 from cairn.orchestrator.v1 import orchestrator_pb2_grpc
 from cairn_libs.errors import InvalidInput
@@ -188,6 +189,21 @@ def _caller() -> Caller:
     )
 
 
+def subject_kind_from_proto(kind: int) -> str:
+    """The subject kind's name (`USER`, ...), refusing numbers the schema lacks."""
+    names: dict[int, str] = {
+        int(number): name.removeprefix("SUBJECT_KIND_")
+        for name, number in memory_pb2.SubjectKind.items()
+        if number != memory_pb2.SUBJECT_KIND_UNSPECIFIED
+    }
+    if kind not in names:
+        raise InvalidInput(
+            f"subject.kind {kind!r} is not a subject kind; use one of "
+            + ", ".join(f"SUBJECT_KIND_{n}" for n in names.values())
+        )
+    return names[kind]
+
+
 class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
     def __init__(self, orchestrator: Orchestrator) -> None:
         self._orchestrator = orchestrator
@@ -256,6 +272,17 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
         pending = await self._orchestrator.pending_confirmations(current_identity().principal)
         return pb.ListPendingConfirmationsResponse(
             confirmations=[pending_to_proto(p) for p in pending]
+        )
+
+    async def ForgetCopies(
+        self, request: pb.ForgetCopiesRequest, context: Context
+    ) -> pb.ForgetCopiesResponse:
+        kind = subject_kind_from_proto(request.subject.kind)
+        erased = await self._orchestrator.forget_copies(
+            current_identity().principal, subject_kind=kind, subject_id=request.subject.id
+        )
+        return pb.ForgetCopiesResponse(
+            runs_erased=erased.runs, confirmations_abandoned=erased.confirmations_abandoned
         )
 
     async def ListAgents(

@@ -33,11 +33,13 @@ from cairn_orchestrator.domain import (
     CallCredentials,
     ConfirmationCard,
     ErrorValue,
+    HeldCopy,
     JSONValue,
     LabelBook,
     LabelledChunk,
     ToolCallRequest,
     ToolDefinition,
+    unstorable_at,
 )
 from cairn_orchestrator.errors import ToolContractViolation
 
@@ -53,6 +55,7 @@ TOOL_FAILED = "tool.failed"
 UNKNOWN_TOOL = "tool.unknown"
 CONFIRMATION_UNAVAILABLE = "tool.confirmation_unavailable"
 DENIED = "tool.denied"
+UNSTORABLE_TEXT = "tool.unstorable_text"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +80,15 @@ class ToolResult:
 
     content: JSONValue
     knowledge: tuple[LabelledChunk, ...] = ()
+    # Texts about people the content carries (memories, facts, blocks), so an
+    # erasure of the person finds this copy (I9).
+    copies: tuple[HeldCopy, ...] = ()
 
 
 ToolHandler = Callable[[Mapping[str, Any], ToolContext], Awaitable[ToolResult | ErrorValue]]
 CardRenderer = Callable[[Mapping[str, Any], ToolContext], ConfirmationCard]
+# What a proposed write copies about people (the memory it would keep), from its arguments.
+CopiesOf = Callable[[Mapping[str, Any], ToolContext], tuple[HeldCopy, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +99,7 @@ class Tool:
     effect: Effect
     handler: ToolHandler
     card: CardRenderer | None = None
+    copies_of: CopiesOf | None = None
     result_byte_cap: int = DEFAULT_RESULT_BYTE_CAP
     needs_confirmation: bool = False
 
@@ -228,6 +237,7 @@ class ToolCallOutcome:
     truncated: bool = False
     result_bytes: int = 0
     knowledge: tuple[LabelledChunk, ...] = ()
+    copies: tuple[HeldCopy, ...] = ()
 
     def detail(self) -> dict[str, JSONValue]:
         detail: dict[str, JSONValue] = {
@@ -269,6 +279,16 @@ async def dispatch(
     arguments = parse_arguments(registry.validator(tool.name), call.arguments_json)
     if isinstance(arguments, ErrorValue):
         return refused(call, arguments)
+    nul_in_arguments = unstorable_at(arguments)
+    if nul_in_arguments is not None:
+        return refused(
+            call,
+            ErrorValue(
+                UNSTORABLE_TEXT,
+                f"argument {nul_in_arguments} holds U+0000, which cannot be stored; "
+                "call again without it",
+            ),
+        )
     try:
         outcome = await tool.handler(arguments, context)
     except Exception as exc:  # I3: a raising handler is a bug in the tool, not the run.
@@ -283,6 +303,17 @@ async def dispatch(
         return ToolCallOutcome(
             call=call, content=error_content(outcome), arguments=arguments, error=outcome
         )
+    nul_in_result = unstorable_at(outcome.content)
+    if nul_in_result is not None:
+        # The tool's own output: the run keeps the fact, not the text it cannot store.
+        error = ErrorValue(
+            UNSTORABLE_TEXT,
+            f"the {tool.name} tool returned U+0000 at {nul_in_result}, which cannot be "
+            "stored; its result was dropped",
+        )
+        return ToolCallOutcome(
+            call=call, content=error_content(error), arguments=arguments, error=error
+        )
     rendered = render_result(outcome.content, byte_cap=tool.result_byte_cap)
     return ToolCallOutcome(
         call=call,
@@ -292,4 +323,5 @@ async def dispatch(
         truncated=rendered.truncated,
         result_bytes=rendered.full_bytes,
         knowledge=outcome.knowledge,
+        copies=outcome.copies,
     )

@@ -19,6 +19,7 @@ import pytest
 
 from cairn_libs.db import Database
 from cairn_libs.errors import InvalidInput
+from cairn_libs.fence import block_body as tool_data
 from cairn_libs.identity import Principal
 from cairn_orchestrator.confirmations import looks_like_token
 from cairn_orchestrator.domain import (
@@ -261,7 +262,7 @@ async def test_an_approval_runs_the_write_once_and_resumes_the_run_replaying_not
     second = harness.gateway.requests[1].messages
     assert [m.role for m in second[-3:]] == ["assistant", "tool", "tool"]
     assert {m.tool_call_id for m in second[-2:]} == {"call-0", "call-1"}
-    assert json.loads(next(m for m in second if m.tool_call_id == "call-0").content) == {
+    assert json.loads(tool_data(next(m for m in second if m.tool_call_id == "call-0").content)) == {
         "noted": "likes tea"
     }
     assert len(harness.retrieval.calls) == 2  # the prefetch and the one search: not replayed
@@ -373,7 +374,7 @@ async def test_a_denial_reaches_the_model_as_a_tool_message_with_the_persons_not
     assert harness.written == []
     tool_message = harness.gateway.requests[1].messages[-1]
     assert tool_message.role == "tool" and tool_message.tool_call_id == "call-0"
-    error = json.loads(tool_message.content)["error"]
+    error = json.loads(tool_data(tool_message.content))["error"]
     assert error["code"] == DENIED and "not this one" in error["message"]
     steps = await harness.steps(done)
     resolved, denied = steps[-3], steps[-2]

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cairn_libs.fence import NONCE_PATTERN
+from cairn_libs.fence import block_body as tool_data
 from cairn_orchestrator.conversation import (
     ARCHIVE_AT_CHARS,
     CONVERSATION_TOKEN_BOUND,
@@ -275,7 +276,7 @@ async def test_the_model_brings_an_archived_turn_back_verbatim_with_recall() -> 
     assert finished.state is RunState.COMPLETED
     tool_message = run.gateway.requests[1].messages[-1]
     assert tool_message.role == "tool" and tool_message.name == RECALL
-    assert json.loads(tool_message.content)["content"] == earlier[0].content
+    assert json.loads(tool_data(tool_message.content))["content"] == earlier[0].content
 
 
 async def test_a_run_with_only_short_turns_records_no_conversation_step() -> None:

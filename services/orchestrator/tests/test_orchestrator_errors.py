@@ -21,6 +21,7 @@ CASES = [
     (errors.DependencyFailed("gateway", "UNAVAILABLE", "down"), grpc.StatusCode.UNAVAILABLE),
     (errors.StoreUnavailable("down"), grpc.StatusCode.UNAVAILABLE),
     (errors.RunTakenOver("run_1"), grpc.StatusCode.UNAVAILABLE),
+    (errors.StoreRefusedValue("refused"), grpc.StatusCode.INVALID_ARGUMENT),
     (
         errors.ConfirmationClosed("the confirmation expired"),
         grpc.StatusCode.FAILED_PRECONDITION,

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from cairn_libs.fence import block_body as tool_data
 from cairn_libs.identity import Principal
 from cairn_orchestrator.domain import (
     AgentSpec,
@@ -154,7 +155,10 @@ async def test_a_run_recalls_retrieves_searches_and_answers_citing_only_what_it_
     # The tool's result went back to the model as role tool, answering its call id.
     second = harness.gateway.requests[1]
     assert second.messages[-1].role == "tool" and second.messages[-1].tool_call_id == "call-0"
-    assert [r["label"] for r in json.loads(second.messages[-1].content)["results"]] == ["S2", "S3"]
+    assert [r["label"] for r in json.loads(tool_data(second.messages[-1].content))["results"]] == [
+        "S2",
+        "S3",
+    ]
     assert harness.store.runs[run.run_id].loop_state is not None
     assert harness.store.runs[run.run_id].loop_state.next_phase == "finished"  # type: ignore[union-attr]
 
@@ -287,7 +291,8 @@ async def test_a_tool_that_raises_is_recorded_as_error_data_and_the_run_goes_on(
     tool_step = harness.steps(run)[3]
     assert tool_step.kind is StepKind.TOOL_CALL and tool_step.error.code == TOOL_FAILED
     assert (
-        json.loads(harness.gateway.requests[1].messages[-1].content)["error"]["code"] == TOOL_FAILED
+        json.loads(tool_data(harness.gateway.requests[1].messages[-1].content))["error"]["code"]
+        == TOOL_FAILED
     )
 
 

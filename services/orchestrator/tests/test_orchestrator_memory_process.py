@@ -23,6 +23,7 @@ from cairn.orchestrator.v1 import orchestrator_pb2_grpc
 from cairn_libs.clients import call_metadata
 from cairn_libs.errors import DENIAL_MESSAGE
 from cairn_libs.fence import NONCE_PATTERN
+from cairn_libs.fence import block_body as tool_data
 from cairn_libs.identity import TokenIssuer
 from cairn_libs.memory_block import NEVER_A_REASON
 from cairn_libs.stack import (
@@ -292,7 +293,7 @@ def test_compaction_archives_a_large_turn_and_recall_brings_it_back_verbatim(
     _, after_tool = chat_requests(memory_stack.model_url, containing=second_question)
     tool_message = after_tool[-1]
     assert tool_message["role"] == "tool"
-    assert json.loads(tool_message["content"])["content"] == VERBATIM
+    assert json.loads(tool_data(tool_message["content"]))["content"] == VERBATIM
 
 
 def test_a_deployment_that_keeps_no_memories_answers_the_memory_tools_plainly(

@@ -26,6 +26,7 @@ from cairn.orchestrator.v1 import orchestrator_pb2 as pb
 from cairn.orchestrator.v1 import orchestrator_pb2_grpc
 from cairn.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from cairn_libs.clients import call_metadata
+from cairn_libs.fence import block_body as tool_data
 from cairn_libs.identity import TokenIssuer, TokenVerifier, generate_dev_keypair
 from cairn_libs.stack import ServiceProcess, free_port, serving
 
@@ -82,7 +83,7 @@ class Gateway(gateway_pb2_grpc.GatewayServiceServicer):
                     )
                 ],
             )
-        label = json.loads(last.content)["results"][-1]["label"]
+        label = json.loads(tool_data(last.content))["results"][-1]["label"]
         return gateway_pb2.ChatResponse(
             message=gateway_pb2.Message(
                 role=gateway_pb2.MESSAGE_ROLE_ASSISTANT,
