@@ -60,6 +60,8 @@ def stack_env(
         "CAIRN_GATEWAY_ADDR": addresses["gateway"],
         "CAIRN_RETRIEVAL_ADDR": addresses["retrieval"],
         "CAIRN_MEMORY_ADDR": addresses["memory"],
+        # memory's Forget erases the orchestrator's copies too (I9)
+        "CAIRN_ORCHESTRATOR_ADDR": addresses["orchestrator"],
     }
 
 

@@ -34,7 +34,9 @@ from cairn_orchestrator.domain import (
     CallCredentials,
     ConversationTurn,
     ErrorValue,
+    HeldCopy,
     JSONValue,
+    MemorySubject,
     TurnRole,
 )
 from cairn_orchestrator.errors import DependencyFailed
@@ -186,11 +188,14 @@ def conversation_window(
 
 @dataclass(frozen=True, slots=True)
 class CompactedConversation:
-    """What the loop puts in the prompt, and what the trajectory says about it."""
+    """What the loop puts in the prompt, and what the trajectory says about it.
+    `copies`: the archived turns' text, under each subject their blocks are about,
+    so an erasure of the subject reaches the run's copies of them too (I9)."""
 
     lines: tuple[str, ...]
     detail: Mapping[str, JSONValue]
     error: ErrorValue | None = None
+    copies: tuple[HeldCopy, ...] = ()
 
 
 @dataclass(slots=True)
@@ -238,6 +243,7 @@ class ConversationArchiver:
         conversation_id: str,
         credentials: CallCredentials,
         deadline_seconds: float,
+        subjects: Sequence[MemorySubject] = (),
     ) -> CompactedConversation:
         """The window the plan describes, with the large turns archived first and
         referenced; never raises (a turn whose archiving failed travels clipped
@@ -274,6 +280,7 @@ class ConversationArchiver:
                         conversation_id=conversation_id,
                         credentials=credentials,
                         deadline_seconds=deadline_seconds,
+                        subjects=subjects,
                     )
                 except DependencyFailed as exc:
                     failures.append((block.turn, _archive_error(exc)))
@@ -315,4 +322,13 @@ class ConversationArchiver:
                 f"{len(failures)} of {len(plan.to_archive)} large turns could not be archived "
                 f"and travel clipped without a reference: {first.message}",
             )
-        return CompactedConversation(lines=lines, detail=detail, error=error)
+        about = (MemorySubject("USER", user_id), *subjects)
+        copies = tuple(
+            HeldCopy(subject.kind, subject.id, text)
+            for block in plan.to_archive
+            if block.turn in block_ids
+            # The turn verbatim (earlier_turns) and as its window line (the prompt).
+            for text in (block.content, clip_turn(block.content).removesuffix("…"))
+            for subject in about
+        )
+        return CompactedConversation(lines=lines, detail=detail, error=error, copies=copies)

@@ -633,14 +633,20 @@ class RunLoop:
             "archive_conversation", scope, {"gen_ai.operation.name": "archive_conversation"}
         ) as span:
             started = self._clock.now()
+            conversation_id = scope.run.conversation_id or scope.run.run_id
+            subjects = await self._store.conversation_subjects(
+                org_id=scope.run.org_id, conversation_id=conversation_id
+            )
             compacted = await self._conversation.compact(
                 plan,
                 org_id=scope.principal.org_id,
                 user_id=scope.principal.user_id,
                 # A run without a conversation still archives into one of its own.
-                conversation_id=scope.run.conversation_id or scope.run.run_id,
+                conversation_id=conversation_id,
                 credentials=scope.credentials,
                 deadline_seconds=self._timeout(scope),
+                # The block is about whomever the conversation's runs read about.
+                subjects=subjects,
             )
             _mark(span, compacted.error)
         record = self._step(
@@ -651,7 +657,7 @@ class RunLoop:
             compacted.detail,
             compacted.error,
         )
-        return record, compacted.lines
+        return replace(record, copies=compacted.copies), compacted.lines
 
     async def _prefetch_knowledge(
         self, scope: _RunScope, question: str, book: LabelBook

@@ -122,8 +122,10 @@ class BlockArchive(Protocol):
         conversation_id: str,
         credentials: CallCredentials,
         deadline_seconds: float,
+        subjects: Sequence[MemorySubject] = (),
     ) -> str:
-        """The new block's id, e.g. "r7"; raises DependencyFailed."""
+        """The new block's id, e.g. "r7"; raises DependencyFailed. `subjects`: whom
+        the block is about besides its archiver (a Forget of any of them erases it)."""
         ...
 
     async def recall_block(
@@ -140,6 +142,12 @@ class MemoryService(MemoryRecall, MemoryWrites, BlockArchive, Protocol):
 
 
 class RunStore(Protocol):
+    async def conversation_subjects(
+        self, *, org_id: str, conversation_id: str
+    ) -> tuple[MemorySubject, ...]:
+        """Whom earlier runs of this conversation copied texts about (I9)."""
+        ...
+
     async def create_run(
         self,
         *,

@@ -59,6 +59,7 @@ from cairn_orchestrator.confirmations import (
     resolved_detail,
 )
 from cairn_orchestrator.domain import (
+    SUBJECT_KINDS,
     Citation,
     Confirmation,
     ConfirmationCard,
@@ -69,6 +70,7 @@ from cairn_orchestrator.domain import (
     ErrorValue,
     JSONValue,
     LoopState,
+    MemorySubject,
     PageCursor,
     Run,
     RunState,
@@ -76,6 +78,7 @@ from cairn_orchestrator.domain import (
     Step,
     StepKind,
     StepRecord,
+    SubjectKindName,
     ToolCallRequest,
 )
 from cairn_orchestrator.erasure import ORG_WIDE_MIN_CHARS, ErasedCopies, Eraser, search_forms
@@ -293,6 +296,10 @@ def _insert_steps_from_run(*, count: int, arrays: int) -> str:
          WITH ORDINALITY AS s(kind, name, span_id, started_at, finished_at, detail,
                               error_code, error_message, ord)
     """
+
+
+def _subject_kind(name: str) -> SubjectKindName:
+    return next((k for k in SUBJECT_KINDS if k == name), "WORKSPACE")
 
 
 def _erased_json(raw: str | None, eraser: Eraser) -> str | None:
@@ -866,6 +873,22 @@ class PostgresRunStore:
 
     # ------------------------------------------------------------ erasure (I9)
 
+    async def conversation_subjects(
+        self, *, org_id: str, conversation_id: str
+    ) -> tuple[MemorySubject, ...]:
+        async with self._connection() as conn:
+            rows = await conn.fetch(
+                "SELECT DISTINCT h.subject_kind, h.subject_id FROM held_copies h "
+                "JOIN runs r ON r.run_id = h.run_id "
+                "WHERE r.org_id = $1 AND r.conversation_id = $2 AND h.org_id = $1 "
+                "ORDER BY 1, 2 LIMIT 31",
+                org_id,
+                conversation_id,
+            )
+        return tuple(
+            MemorySubject(kind=_subject_kind(r["subject_kind"]), id=r["subject_id"]) for r in rows
+        )
+
     async def erase_copies(
         self, *, org_id: str, subject_kind: str, subject_id: str
     ) -> ErasedCopies:
@@ -921,12 +944,15 @@ class PostgresRunStore:
                 changed, dropped = await self._erase_in_run(conn, org_id, run_id, eraser)
                 erased_runs += changed
                 abandoned += dropped
+            # The same text kept under another subject (a block is about its archiver
+            # too) was erased from the runs just now; its row would be the last copy.
             await conn.execute(
-                "DELETE FROM held_copies WHERE org_id = $1 AND subject_kind = $2 "
-                "AND subject_id = $3",
+                "DELETE FROM held_copies WHERE org_id = $1 AND ((subject_kind = $2 "
+                "AND subject_id = $3) OR copied_text = ANY($4::text[]))",
                 org_id,
                 subject_kind,
                 subject_id,
+                texts,
             )
         return ErasedCopies(runs=erased_runs, confirmations_abandoned=abandoned)
 

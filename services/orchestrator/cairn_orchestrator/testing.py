@@ -305,6 +305,7 @@ class FakeMemory:
         conversation_id: str,
         credentials: CallCredentials,
         deadline_seconds: float,
+        subjects: Sequence[MemorySubject] = (),
     ) -> str:
         failure = self.archive_failure or self.failure
         if failure is not None:
@@ -317,6 +318,7 @@ class FakeMemory:
             content=content,
             conversation_id=conversation_id,
             created_at=self.now,
+            subjects=tuple(subjects),
         )
         self.writes.append(("archive", {"block_id": block_id, "label": label}, credentials))
         return block_id
@@ -465,6 +467,18 @@ class MemoryRunStore:
         if after is not None:
             runs = [r for r in runs if (r.created_at, r.run_id) < (after.created_at, after.run_id)]
         return runs[:limit]
+
+    async def conversation_subjects(
+        self, *, org_id: str, conversation_id: str
+    ) -> tuple[MemorySubject, ...]:
+        found = {
+            MemorySubject(kind=c.subject_kind, id=c.subject_id)  # type: ignore[arg-type]
+            for stored in self.runs.values()
+            if stored.run.org_id == org_id and stored.run.conversation_id == conversation_id
+            for step in stored.steps
+            for c in step.copies
+        }
+        return tuple(sorted(found, key=lambda s: (s.kind, s.id)))
 
     async def list_steps(self, *, org_id: str, run_id: str, after_seq: int = 0) -> list[Step]:
         stored = self.runs.get(run_id)

@@ -26,6 +26,7 @@ from cairn_libs.fence import NONCE_PATTERN
 from cairn_libs.fence import block_body as tool_data
 from cairn_libs.identity import TokenIssuer
 from cairn_libs.memory_block import NEVER_A_REASON
+from cairn_libs.pytest_plugin import stored_text_locations
 from cairn_libs.stack import (
     ServiceProcess,
     free_port,
@@ -93,7 +94,14 @@ def memory_stack(
     }
     processes = [
         start_service("gateway", port=ports["gateway"], env=env, log_dir=logs, suffix="-mem"),
-        start_service("memory", port=ports["memory"], env=env, log_dir=logs, suffix="-mem"),
+        start_service(
+            "memory",
+            port=ports["memory"],
+            # Forget reaches the orchestrator's copies too (I9).
+            env={**env, "CAIRN_ORCHESTRATOR_ADDR": addr["orchestrator"]},
+            log_dir=logs,
+            suffix="-mem",
+        ),
         start_service(
             "orchestrator", port=ports["orchestrator"], env=env, log_dir=logs, suffix="-mem"
         ),
@@ -440,3 +448,165 @@ def test_remember_goes_through_confirmation_into_memory_with_author_model_and_th
     block = fenced(messages[-1]["content"], "memory")
     assert f"written by an agent in run {run.run_id}" in block
     assert '"Prefers answers in German."' in block
+
+
+# ---------------------------------------------------------------- erasure reaches every copy (I9)
+
+
+def _resolve(proc: ServiceProcess, token: str, confirmation_token: str) -> pb.Run:
+    with grpc.insecure_channel(proc.address) as channel:
+        run: pb.Run = (
+            orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
+            .ResolveConfirmation(
+                pb.ResolveConfirmationRequest(
+                    confirmation_token=confirmation_token, decision=pb.DECISION_APPROVE
+                ),
+                metadata=call_metadata(token),
+                timeout=60,
+            )
+            .run
+        )
+    return run
+
+
+def test_forget_leaves_no_copy_of_the_erased_text_in_any_table_and_every_rpc_shows_the_tombstone(
+    memory_stack: MemoryStack, issuer: TokenIssuer, new_org: str, pg_url: str
+) -> None:
+    officer = issuer.caller_token(org_id=new_org, user_id="maria", roles=["privacy_officer"])
+    tag = uuid.uuid4().hex[:8]
+    dana = {"kind": "CANDIDATE", "id": f"dana-{tag}"}
+    subject = memory_pb2.Subject(kind=memory_pb2.SUBJECT_KIND_CANDIDATE, id=dana["id"])
+    recalled = f"Dana asked to move her interview for a hospital visit {tag}."
+    approved = f"Dana prefers interviews before noon because of treatment {tag}."
+    proposed = f"Dana mentioned a second operation planned for spring {tag}."
+    archived = f"Long notes from the call with Dana about her health and schedule {tag}. " * 4
+
+    with grpc.insecure_channel(memory_stack.memory.address) as channel:
+        memory = memory_stub(channel)
+        memory.Remember(
+            memory_pb2.RememberRequest(text=recalled, subject=subject),
+            metadata=call_metadata(officer),
+            timeout=10,
+        )
+        block_id = memory.Archive(
+            memory_pb2.ArchiveRequest(
+                label="Call notes",
+                role="user",
+                content=archived,
+                conversation_id=f"conv-{tag}",
+                subjects=[subject],
+            ),
+            metadata=call_metadata(officer),
+            timeout=10,
+        ).block_id
+
+    # A run that recalls the memory and quotes it in its answer.
+    control(memory_stack.model_url, "reset", {})
+    script_steps: list[dict[str, Any]] = [
+        {
+            "action": "tool_call",
+            "name": "recall_memory",
+            "arguments": {"query": "Dana", "subject": dana},
+        },
+        {"action": "tool_call", "name": "recall", "arguments": {"id": f"recall:{block_id}"}},
+        {"action": "answer", "content": f"From memory: {recalled}"},
+    ]
+    control(memory_stack.model_url, "script", {"steps": script_steps})
+    reading, _ = start_run(memory_stack.orchestrator, officer, f"What about Dana? {tag}")
+    assert reading.state == pb.RUN_STATE_COMPLETED, reading.reason
+    assert recalled in reading.answer
+
+    # A run whose write a person approved, and one whose write is still waiting.
+    control(
+        memory_stack.model_url,
+        "script",
+        {
+            "steps": [
+                {
+                    "action": "tool_call",
+                    "name": "remember",
+                    "arguments": {"text": approved, "subject": dana},
+                },
+                {"action": "answer", "content": "Kept."},
+                {
+                    "action": "tool_call",
+                    "name": "remember",
+                    "arguments": {"text": proposed, "subject": dana},
+                },
+            ]
+        },
+    )
+    writing, _ = start_run(memory_stack.orchestrator, officer, f"Keep this about Dana {tag}")
+    assert writing.state == pb.RUN_STATE_CONFIRMATION_PENDING, writing.reason
+    written = _resolve(
+        memory_stack.orchestrator, officer, writing.pending_confirmation.confirmation_token
+    )
+    assert written.state == pb.RUN_STATE_COMPLETED, written.reason
+    waiting, _ = start_run(memory_stack.orchestrator, officer, f"And this too {tag}")
+    assert waiting.state == pb.RUN_STATE_CONFIRMATION_PENDING, waiting.reason
+
+    with grpc.insecure_channel(memory_stack.memory.address) as channel:
+        erasure = (
+            memory_stub(channel)
+            .Forget(
+                memory_pb2.ForgetRequest(subject=subject),
+                metadata=call_metadata(officer),
+                timeout=30,
+            )
+            .erasure
+        )
+        tombstone = (
+            memory_stub(channel)
+            .RecallBlock(
+                memory_pb2.RecallBlockRequest(block_id=block_id),
+                metadata=call_metadata(officer),
+                timeout=10,
+            )
+            .block
+        )
+    assert erasure.copies_erased and erasure.memories_erased == 2 and erasure.blocks_erased == 1
+    assert tombstone.erased and tombstone.content == ""
+
+    for text in (recalled, approved, proposed, archived.strip()):
+        assert stored_text_locations(pg_url, text, schemas=["memory", "orchestrator"]) == [], text
+
+    with grpc.insecure_channel(memory_stack.orchestrator.address) as channel:
+        stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
+        shown = stub.GetRun(
+            pb.GetRunRequest(run_id=reading.run_id), metadata=call_metadata(officer), timeout=10
+        ).run
+        steps = stub.GetTrajectory(
+            pb.GetTrajectoryRequest(run_id=reading.run_id),
+            metadata=call_metadata(officer),
+            timeout=10,
+        ).steps
+        ended = stub.GetRun(
+            pb.GetRunRequest(run_id=waiting.run_id), metadata=call_metadata(officer), timeout=10
+        ).run
+        pending = stub.ListPendingConfirmations(
+            pb.ListPendingConfirmationsRequest(), metadata=call_metadata(officer), timeout=10
+        ).confirmations
+    assert shown.answer == "From memory: [erased]"
+    recall_step = next(s for s in steps if s.name == "recall_memory")
+    assert detail(recall_step)["result"]["memories"][0]["text"] == "[erased]"
+    assert ended.state == pb.RUN_STATE_CANCELLED and "erased" in ended.reason
+    assert [p.run_id for p in pending if p.run_id == waiting.run_id] == []
+
+
+def test_forget_copies_is_refused_with_the_one_denial_to_someone_who_may_not_forget(
+    memory_stack: MemoryStack, issuer: TokenIssuer, new_org: str
+) -> None:
+    colleague = issuer.caller_token(org_id=new_org, user_id="tom")
+    with (
+        grpc.insecure_channel(memory_stack.orchestrator.address) as channel,
+        pytest.raises(grpc.RpcError) as refused,
+    ):
+        orchestrator_pb2_grpc.OrchestratorServiceStub(channel).ForgetCopies(
+            pb.ForgetCopiesRequest(
+                subject=memory_pb2.Subject(kind=memory_pb2.SUBJECT_KIND_CANDIDATE, id="dana")
+            ),
+            metadata=call_metadata(colleague),
+            timeout=10,
+        )
+    assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    assert refused.value.details() == DENIAL_MESSAGE
