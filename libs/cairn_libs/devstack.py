@@ -196,6 +196,23 @@ def _grpcurl_help(corpus: dict[str, Any], issuer: TokenIssuer) -> None:
     )
 
 
+def _stop_postgres() -> None:
+    """Stop the embedded PostgreSQL and say so; if it cannot be stopped here, say
+    that it is still running and how to stop it, rather than leave it unsaid."""
+    try:
+        stop_embedded_postgres(STATE / "pg")
+    except Exception as exc:  # whatever pg_ctl says, the person must hear the outcome
+        console.print(
+            f"[yellow]PostgreSQL may still be running ({type(exc).__name__}); "
+            "stop it with: .venv/bin/python -m cairn_libs.devstack --stop[/]"
+        )
+        return
+    console.print(
+        "PostgreSQL stopped; its data stays in ./state for the next `make run` "
+        "(`make clean-state` removes it)"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--stop", action="store_true", help="stop the embedded PostgreSQL and exit")
@@ -242,7 +259,7 @@ def main() -> int:
         console.print("stopping…")
         for proc in reversed(processes):
             proc.stop()
-        stop_embedded_postgres(STATE / "pg")
+        _stop_postgres()
 
 
 if __name__ == "__main__":
