@@ -1,7 +1,7 @@
 """What the gateway refuses or fails with, and the gRPC status each one becomes.
 
     GatewayError
-    ├── ConfigInvalid              the provider file is wrong (at start-up)       -> process exits
+    ├── ConfigInvalid              the provider file is wrong (at start-up)       -> one JSON line, exit 2
     ├── ChatRequestInvalid         a bad message, tool schema, model or tier      INVALID_ARGUMENT
     ├── ProviderRejectedRequest    the provider answered 400/404/422-style        INVALID_ARGUMENT
     ├── ProviderCredentialRejected the provider refused the deployment's key      FAILED_PRECONDITION
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from cairn_libs.errors import (
     CairnError,
+    ConfigurationError,
     Conflict,
     DependencyUnavailable,
     InvalidInput,
@@ -38,8 +39,10 @@ class GatewayError(CairnError):
     """Base of every error the gateway raises on purpose."""
 
 
-class ConfigInvalid(GatewayError, NotConfigured):
-    """The provider configuration cannot be used; raised at start-up, never per call."""
+class ConfigInvalid(GatewayError, NotConfigured, ConfigurationError):
+    """The provider configuration cannot be used; raised at start-up, never per call.
+    As a ConfigurationError, run_service logs it as one `service.config_invalid` line
+    and exits, instead of a traceback through the start-up code."""
 
 
 class ChatRequestInvalid(GatewayError, InvalidInput):

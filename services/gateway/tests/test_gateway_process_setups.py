@@ -266,10 +266,13 @@ def test_a_base_url_that_ends_in_chat_completions_stops_the_gateway_at_start_up(
     finally:
         proc.stop()
 
-    assert returncode != 0
-    log = proc.log_text()
-    assert "(groq).base_url 'https://api.groq.com/openai/v1/chat/completions'" in log
-    assert "write 'https://api.groq.com/openai/v1'" in log
+    # One JSON line like every other event, not a traceback through the start-up code.
+    assert returncode == 2
+    assert "Traceback" not in proc.log_text()
+    (refused,) = events_named(proc, "service.config_invalid")
+    error = str(refused["error"])
+    assert "(groq).base_url 'https://api.groq.com/openai/v1/chat/completions'" in error
+    assert "write 'https://api.groq.com/openai/v1'" in error
 
 
 # --- two replicas, one ceiling ---------------------------------------------------
