@@ -17,6 +17,7 @@ import asyncio
 import base64
 import binascii
 import json
+import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -73,15 +74,28 @@ def encode_page_token(cursor: PageCursor) -> str:
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
+_RUN_ID_SHAPE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
 def decode_page_token(token: str) -> PageCursor | None:
     if not token:
         return None
     try:
         padded = token + "=" * (-len(token) % 4)
         value = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        return PageCursor(created_at=datetime.fromisoformat(value["c"]), run_id=str(value["r"]))
-    except (ValueError, KeyError, TypeError, binascii.Error) as exc:
+        created_at = datetime.fromisoformat(value["c"])
+        run_id = value["r"]
+    except (ValueError, KeyError, TypeError, binascii.Error, OverflowError) as exc:
         raise BadPageToken(token) from exc
+    # A token decodes only to what encode_page_token makes: a time with its zone and a
+    # run id of ours; anything else would reach the database and fail there instead.
+    if (
+        created_at.utcoffset() is None
+        or not isinstance(run_id, str)
+        or not _RUN_ID_SHAPE.fullmatch(run_id)
+    ):
+        raise BadPageToken(token)
+    return PageCursor(created_at=created_at, run_id=run_id)
 
 
 def page_size(requested: int) -> int:

@@ -105,7 +105,13 @@ def _error_reason(exc: grpc.aio.AioRpcError) -> str:
     return ""
 
 
-def _enum_name(name: str, prefix: str) -> str:
+def _enum_name(enum: Any, value: int, prefix: str) -> str:
+    """An enum value a peer sent, by name; a number this build does not know (a
+    newer peer) reads as UNKNOWN_<n> instead of failing the whole reply."""
+    try:
+        name: str = enum.Name(value)
+    except ValueError:
+        return f"UNKNOWN_{value}"
     return name.removeprefix(prefix)
 
 
@@ -170,7 +176,7 @@ def chat_reply_from_proto(response: gateway_pb2.ChatResponse) -> ModelReply:
             ModelAttempt(
                 provider=a.provider,
                 model=a.model,
-                outcome=_enum_name(gateway_pb2.AttemptOutcome.Name(a.outcome), "ATTEMPT_OUTCOME_"),
+                outcome=_enum_name(gateway_pb2.AttemptOutcome, a.outcome, "ATTEMPT_OUTCOME_"),
                 http_status=a.http_status,
                 latency_ms=round(a.latency.seconds * 1000 + a.latency.nanos / 1e6, 3),
                 detail=a.detail,
@@ -222,7 +228,7 @@ def search_outcome_from_proto(response: retrieval_pb2.SearchResponse) -> SearchO
             )
             for r in response.results
         ),
-        mode=_enum_name(retrieval_pb2.SearchMode.Name(response.mode), "SEARCH_MODE_"),
+        mode=_enum_name(retrieval_pb2.SearchMode, response.mode, "SEARCH_MODE_"),
         mode_reason=response.mode_reason,
     )
 
@@ -263,16 +269,16 @@ def memory_from_proto(m: memory_pb2.Memory) -> RecalledMemory:
     return RecalledMemory(
         memory_id=m.memory_id,
         text=m.text,
-        subject_kind=_enum_name(memory_pb2.SubjectKind.Name(m.subject.kind), "SUBJECT_KIND_"),
+        subject_kind=_enum_name(memory_pb2.SubjectKind, m.subject.kind, "SUBJECT_KIND_"),
         subject_id=m.subject.id,
-        author_kind=_enum_name(memory_pb2.AuthorKind.Name(provenance.author_kind), "AUTHOR_KIND_"),
+        author_kind=_enum_name(memory_pb2.AuthorKind, provenance.author_kind, "AUTHOR_KIND_"),
         author_id=provenance.author_id,
         run_id=provenance.run_id,
         created_at=_moment(provenance.HasField("created_at"), provenance.created_at),
         expires_at=_moment(provenance.HasField("expires_at"), provenance.expires_at),
         score=m.score,
-        claim_type=_enum_name(memory_pb2.ClaimType.Name(m.claim_type), "CLAIM_TYPE_"),
-        state=_enum_name(memory_pb2.MemoryState.Name(m.state), "MEMORY_STATE_"),
+        claim_type=_enum_name(memory_pb2.ClaimType, m.claim_type, "CLAIM_TYPE_"),
+        state=_enum_name(memory_pb2.MemoryState, m.state, "MEMORY_STATE_"),
         valid_from=_moment(m.HasField("valid_from"), m.valid_from),
         valid_until=_moment(m.HasField("valid_until"), m.valid_until),
     )
@@ -281,11 +287,11 @@ def memory_from_proto(m: memory_pb2.Memory) -> RecalledMemory:
 def profile_fact_from_proto(fact: memory_pb2.ProfileFact) -> ProfileFact:
     provenance = fact.provenance
     return ProfileFact(
-        subject_kind=_enum_name(memory_pb2.SubjectKind.Name(fact.subject.kind), "SUBJECT_KIND_"),
+        subject_kind=_enum_name(memory_pb2.SubjectKind, fact.subject.kind, "SUBJECT_KIND_"),
         subject_id=fact.subject.id,
         key=fact.fact_key,
         value=fact.value,
-        author_kind=_enum_name(memory_pb2.AuthorKind.Name(provenance.author_kind), "AUTHOR_KIND_"),
+        author_kind=_enum_name(memory_pb2.AuthorKind, provenance.author_kind, "AUTHOR_KIND_"),
         author_id=provenance.author_id,
         run_id=provenance.run_id,
         created_at=_moment(provenance.HasField("created_at"), provenance.created_at),
@@ -298,7 +304,7 @@ def profile_fact_from_proto(fact: memory_pb2.ProfileFact) -> ProfileFact:
 def recall_outcome_from_proto(response: memory_pb2.RecallResponse) -> RecallOutcome:
     return RecallOutcome(
         memories=tuple(memory_from_proto(m) for m in response.memories),
-        mode=_enum_name(memory_pb2.RecallMode.Name(response.mode), "RECALL_MODE_"),
+        mode=_enum_name(memory_pb2.RecallMode, response.mode, "RECALL_MODE_"),
         mode_reason=response.mode_reason,
         profile=tuple(profile_fact_from_proto(f) for f in response.profile),
     )
@@ -324,7 +330,7 @@ def block_from_proto(block: memory_pb2.Block) -> ArchivedBlock:
 
 
 def subject_from_proto(subject: memory_pb2.Subject) -> MemorySubject:
-    name = _enum_name(memory_pb2.SubjectKind.Name(subject.kind), "SUBJECT_KIND_")
+    name = _enum_name(memory_pb2.SubjectKind, subject.kind, "SUBJECT_KIND_")
     kind: SubjectKindName = next((k for k in SUBJECT_KINDS if k == name), "WORKSPACE")
     return MemorySubject(kind=kind, id=subject.id)
 

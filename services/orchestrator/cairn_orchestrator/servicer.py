@@ -168,13 +168,22 @@ def pending_to_proto(pending: PendingConfirmation) -> pb.PendingConfirmation:
 # ---------------------------------------------------------------- from proto
 
 
+def _enum_label(enum: Any, value: int) -> str:
+    """How a refusal names an enum value: its name, or its number when the schema
+    defines none (building the message must never be what fails)."""
+    try:
+        return repr(enum.Name(value))
+    except ValueError:
+        return f"{value!r} (not a value the schema defines)"
+
+
 def turn_from_proto(turn: pb.ConversationTurn, index: int) -> ConversationTurn:
     if turn.role == pb.TURN_ROLE_USER:
         return ConversationTurn(role="user", content=turn.content)
     if turn.role == pb.TURN_ROLE_ASSISTANT:
         return ConversationTurn(role="assistant", content=turn.content)
     raise InvalidInput(
-        f"messages[{index}].role {pb.TurnRole.Name(turn.role)!r} is not accepted; "
+        f"messages[{index}].role {_enum_label(pb.TurnRole, turn.role)} is not accepted; "
         "use TURN_ROLE_USER or TURN_ROLE_ASSISTANT"
     )
 
@@ -256,7 +265,8 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
     ) -> pb.ResolveConfirmationResponse:
         if request.decision not in (pb.DECISION_APPROVE, pb.DECISION_DENY):
             raise InvalidInput(
-                f"decision {pb.Decision.Name(request.decision)!r} is not accepted; use DECISION_APPROVE or DECISION_DENY"
+                f"decision {_enum_label(pb.Decision, request.decision)} is not accepted; "
+                "use DECISION_APPROVE or DECISION_DENY"
             )
         run = await self._orchestrator.resolve_confirmation(
             _caller(),

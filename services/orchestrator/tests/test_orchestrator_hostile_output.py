@@ -5,22 +5,30 @@ ends the run with the reason that is true."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cairn.orchestrator.v1 import orchestrator_pb2 as pb
+from cairn_libs.errors import InvalidInput
 from cairn_libs.fence import block_body
 from cairn_orchestrator.domain import (
+    PageCursor,
     RunState,
     StepKind,
     ToolCallRequest,
     unstorable_at,
 )
-from cairn_orchestrator.errors import StoreUnavailable
+from cairn_orchestrator.errors import BadPageToken, StoreUnavailable
+from cairn_orchestrator.orchestrator import decode_page_token, encode_page_token
 from cairn_orchestrator.phases import tool_reply
+from cairn_orchestrator.servicer import turn_from_proto
 from cairn_orchestrator.testing import ScriptedGateway, answer, handbook_spec, tool_calls
 from cairn_orchestrator.tools import (
     UNSTORABLE_TEXT,
@@ -134,3 +142,37 @@ async def test_a_run_whose_store_fails_mid_run_ends_with_that_reason_once_it_ans
     assert "run store (PostgreSQL) stopped answering" in run.reason
     assert "orchestrator stopped" not in run.reason
     assert run_id not in harness.loop.active_run_ids()
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "!!not-base64!!",
+        base64.urlsafe_b64encode(b"\xff\xfe garbage").decode(),
+        base64.urlsafe_b64encode(
+            json.dumps({"c": "2026-01-01T00:00:00", "r": "run_1"}).encode()
+        ).decode(),
+        base64.urlsafe_b64encode(
+            json.dumps({"c": "2026-01-01T00:00:00+00:00", "r": "a\x00b"}).encode()
+        ).decode(),
+        base64.urlsafe_b64encode(
+            json.dumps({"c": "2026-01-01T00:00:00+00:00", "r": 7}).encode()
+        ).decode(),
+        base64.urlsafe_b64encode(json.dumps({"c": 1e308, "r": "run_1"}).encode()).decode(),
+        base64.urlsafe_b64encode(json.dumps(["c", "r"]).encode()).decode(),
+    ],
+)
+def test_a_crafted_page_token_is_a_bad_page_token_never_a_database_error(token: str) -> None:
+    with pytest.raises(BadPageToken):
+        decode_page_token(token)
+
+
+def test_a_page_token_of_ours_still_reads_back() -> None:
+    cursor = PageCursor(created_at=datetime(2026, 1, 1, tzinfo=UTC), run_id="run_abc")
+    assert decode_page_token(encode_page_token(cursor)) == cursor
+
+
+def test_a_refusal_names_an_enum_number_the_schema_lacks_instead_of_failing() -> None:
+    with pytest.raises(InvalidInput) as refused:
+        turn_from_proto(pb.ConversationTurn(role=99, content="hi"), 0)
+    assert "messages[0].role 99 (not a value the schema defines)" in refused.value.message
