@@ -115,6 +115,18 @@ def _enum_name(enum: Any, value: int, prefix: str) -> str:
     return name.removeprefix(prefix)
 
 
+def _history_arguments(arguments_json: str) -> str:
+    """A tool call's arguments as the next request repeats them. Arguments a model
+    left unparseable (a call cut off at max_tokens) were already answered as
+    tool.invalid_input; sent back as they were, the gateway would refuse the whole
+    request. The trajectory keeps the original text."""
+    try:
+        json.loads(arguments_json)
+    except ValueError:
+        return "{}"
+    return arguments_json
+
+
 def _moment(message_has: bool, value: timestamp_pb2.Timestamp) -> datetime | None:
     return value.ToDatetime(tzinfo=UTC) if message_has else None
 
@@ -129,7 +141,9 @@ def chat_request_to_proto(request: ModelRequest) -> gateway_pb2.ChatRequest:
                 role=_ROLES_OUT[m.role],
                 content=m.content,
                 tool_calls=[
-                    gateway_pb2.ToolCall(id=c.id, name=c.name, arguments_json=c.arguments_json)
+                    gateway_pb2.ToolCall(
+                        id=c.id, name=c.name, arguments_json=_history_arguments(c.arguments_json)
+                    )
                     for c in m.tool_calls
                 ],
                 tool_call_id=m.tool_call_id,

@@ -19,6 +19,8 @@ from cairn.orchestrator.v1 import orchestrator_pb2 as pb
 from cairn_libs.errors import InvalidInput
 from cairn_libs.fence import block_body
 from cairn_orchestrator.domain import (
+    ChatMessage,
+    ModelRequest,
     PageCursor,
     RunState,
     StepKind,
@@ -28,6 +30,7 @@ from cairn_orchestrator.domain import (
 from cairn_orchestrator.errors import BadPageToken, StoreUnavailable
 from cairn_orchestrator.orchestrator import decode_page_token, encode_page_token
 from cairn_orchestrator.phases import tool_reply
+from cairn_orchestrator.remote import chat_request_to_proto
 from cairn_orchestrator.servicer import turn_from_proto
 from cairn_orchestrator.testing import ScriptedGateway, answer, handbook_spec, tool_calls
 from cairn_orchestrator.tools import (
@@ -176,3 +179,25 @@ def test_a_refusal_names_an_enum_number_the_schema_lacks_instead_of_failing() ->
     with pytest.raises(InvalidInput) as refused:
         turn_from_proto(pb.ConversationTurn(role=99, content="hi"), 0)
     assert "messages[0].role 99 (not a value the schema defines)" in refused.value.message
+
+
+def test_unparseable_arguments_a_model_wrote_travel_back_as_an_empty_object() -> None:
+    request = ModelRequest(
+        messages=(
+            ChatMessage(role="user", content="hi"),
+            ChatMessage(
+                role="assistant",
+                content="",
+                tool_calls=(
+                    ToolCallRequest(id="c0", name="search_knowledge", arguments_json='{"q'),
+                ),
+            ),
+        ),
+        tools=(),
+        tier="fast",
+        max_tokens=10,
+        run_id="run_1",
+        remaining_budget_tokens=100,
+    )
+    sent = chat_request_to_proto(request)
+    assert sent.messages[1].tool_calls[0].arguments_json == "{}"
