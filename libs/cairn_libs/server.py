@@ -544,6 +544,8 @@ def run_service(app_factory: Callable[[], ServiceApp], *, default_port: int) -> 
     A configuration error (a misspelt key, a missing file) is one JSON line like
     every other event, `service.config_invalid` with its message, and the process
     exits 2: an operator reads what to fix, not a traceback through our start-up.
+    Any other exception is one `service.start_failed` line (traceback inside) and
+    exit 1.
     """
     probe = app_factory.__module__.split(".")[0]
     configure_logging(probe)
@@ -558,3 +560,9 @@ def run_service(app_factory: Callable[[], ServiceApp], *, default_port: int) -> 
         log.error("service.config_invalid", error=str(exc))
         shutdown_tracing()
         sys.exit(CONFIG_INVALID_EXIT_CODE)
+    except Exception:
+        # Not a known configuration error (a service that still raises RuntimeError
+        # for a setting, or a bug): still one JSON line, with the traceback inside it.
+        log.exception("service.start_failed")
+        shutdown_tracing()
+        sys.exit(1)

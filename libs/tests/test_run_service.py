@@ -78,3 +78,18 @@ def test_the_bootstraps_own_settings_are_reported_the_same_way(
     assert finished.returncode == 2
     assert event["event"] == "service.config_invalid"
     assert named in str(event["error"])
+
+
+def test_any_other_start_up_failure_is_still_one_json_line(dev_keys: tuple[Path, Path]) -> None:
+    code = A_SERVICE_WITH_A_MISSPELT_KEY.replace(
+        'raise ConfigurationError("config.yaml', 'raise RuntimeError("config.yaml'
+    )
+
+    finished = _start(code, {"CAIRN_JWT_PUBLIC_KEY_FILE": str(dev_keys[1])})
+
+    output = (finished.stdout + finished.stderr).strip().splitlines()
+    assert finished.returncode == 1
+    assert len(output) == 1, output
+    event = json.loads(output[0])
+    assert event["event"] == "service.start_failed"
+    assert "RuntimeError: config.yaml" in event["exception"]
