@@ -13,6 +13,9 @@ Durations out of range. `hostile=False` draws only values the door
 
 from __future__ import annotations
 
+import base64
+import json
+from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf import message_factory
@@ -42,15 +45,57 @@ _INT_RANGES = {
 
 # Strings a caller can send: protobuf strings are UTF-8, so no lone surrogates.
 _ODD = ["\x00", "a\x00b", "\u202e", "\ufeff", "\U0001f600", "\u0301", "\uffff", "\r\n", "'\"", "%s"]
+# Values a service parses out of a string (page tokens, times, ids).
+_PARSED = [
+    "2024-01-01T00:00:00",
+    "2024-01-01T00:00:00+00:00",
+    "0001-01-01T00:00:00+14:00",
+    "9999-12-31T23:59:59-14:00",
+    "00000000-0000-0000-0000-000000000000",
+    "-1",
+    "1e400",
+    "NaN",
+    "null",
+]
 
 
-def _text(*, hostile: bool) -> st.SearchStrategy[str]:
-    plain = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
-    if not hostile:
-        return st.text(
-            st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40
-        )
-    return st.one_of(plain, st.sampled_from(_ODD), st.lists(st.sampled_from(_ODD)).map("".join))
+def _plain_text(*, nul: bool) -> st.SearchStrategy[str]:
+    excluded = "" if nul else "\x00"
+    return st.text(
+        st.characters(blacklist_categories=("Cs",), blacklist_characters=excluded), max_size=40
+    )
+
+
+def crafted_tokens() -> st.SearchStrategy[str]:
+    """Page tokens and cursors a caller made up: base64url (padding stripped, as
+    cairn's own tokens are) of JSON objects or `|`-joined fields holding hostile
+    values, so a service's token parser is reached past its base64 step."""
+    parts = st.one_of(st.sampled_from(_PARSED + _ODD), _plain_text(nul=True))
+    json_values = st.one_of(
+        parts, st.integers(), st.floats(), st.none(), st.lists(parts, max_size=2)
+    )
+    payloads = st.one_of(
+        st.dictionaries(
+            st.sampled_from(["c", "r", "t", "id", "after", "offset", "scope"]),
+            json_values,
+            max_size=4,
+        ).map(lambda d: json.dumps(d, allow_nan=True)),
+        st.lists(parts, min_size=1, max_size=4).map("|".join),
+    )
+    return payloads.map(lambda p: base64.urlsafe_b64encode(p.encode()).decode().rstrip("="))
+
+
+def _text(*, hostile: bool, seeds: Sequence[str] = ()) -> st.SearchStrategy[str]:
+    options = [_plain_text(nul=hostile)]
+    if seeds:
+        options.append(st.sampled_from(list(seeds)))
+    if hostile:
+        options += [
+            st.sampled_from(_ODD + _PARSED),
+            st.lists(st.sampled_from(_ODD)).map("".join),
+            crafted_tokens(),
+        ]
+    return st.one_of(*options)
 
 
 def _integers(low: int, high: int) -> st.SearchStrategy[int]:
@@ -126,7 +171,9 @@ def _list(cls: Any, values: list[Any]) -> Message:
     return message  # type: ignore[no-any-return]
 
 
-def _scalar(field: FieldDescriptor, *, hostile: bool) -> st.SearchStrategy[Any]:
+def _scalar(
+    field: FieldDescriptor, *, hostile: bool, seeds: Sequence[str] = ()
+) -> st.SearchStrategy[Any]:
     kind = field.type
     if kind in _INT_RANGES:
         low, high = _INT_RANGES[kind]
@@ -138,7 +185,7 @@ def _scalar(field: FieldDescriptor, *, hostile: bool) -> st.SearchStrategy[Any]:
     if kind == FieldDescriptor.TYPE_BOOL:
         return st.booleans()
     if kind == FieldDescriptor.TYPE_STRING:
-        return _text(hostile=hostile)
+        return _text(hostile=hostile, seeds=seeds)
     if kind == FieldDescriptor.TYPE_BYTES:
         return st.binary(max_size=40)
     if kind == FieldDescriptor.TYPE_ENUM:
@@ -149,9 +196,15 @@ def _scalar(field: FieldDescriptor, *, hostile: bool) -> st.SearchStrategy[Any]:
 
 
 def messages(
-    descriptor: Descriptor, *, hostile: bool = True, max_depth: int = 4
+    descriptor: Descriptor,
+    *,
+    hostile: bool = True,
+    max_depth: int = 4,
+    seeds: Sequence[str] = (),
 ) -> st.SearchStrategy[Message]:
-    """Messages of `descriptor`'s type; nesting beyond `max_depth` stays unset."""
+    """Messages of `descriptor`'s type; nesting beyond `max_depth` stays unset.
+    `seeds` are strings drawn now and then for any string field (names a
+    deployment knows, such as its agents), so a fuzz reaches past "unknown"."""
     special = _well_known(descriptor, hostile=hostile)
     if special is not None:
         return special
@@ -169,14 +222,20 @@ def messages(
                 continue
             if oneof is not None:
                 chosen_oneofs.add(oneof.name)
-            _fill(draw, message, field, hostile=hostile, depth=max_depth)
+            _fill(draw, message, field, hostile=hostile, depth=max_depth, seeds=seeds)
         return message
 
     return build()
 
 
 def _fill(
-    draw: st.DrawFn, message: Message, field: FieldDescriptor, *, hostile: bool, depth: int
+    draw: st.DrawFn,
+    message: Message,
+    field: FieldDescriptor,
+    *,
+    hostile: bool,
+    depth: int,
+    seeds: Sequence[str],
 ) -> None:
     is_message = field.type in (FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_GROUP)
     if is_message and depth <= 0:
@@ -186,17 +245,26 @@ def _fill(
     if is_message and field.is_repeated and message_type.GetOptions().map_entry:
         key_field = message_type.fields_by_name["key"]
         value_field = message_type.fields_by_name["value"]
-        keys = draw(st.lists(_scalar(key_field, hostile=hostile), max_size=3, unique=True))
+        keys = draw(
+            st.lists(_scalar(key_field, hostile=hostile, seeds=seeds), max_size=3, unique=True)
+        )
         for key in keys:
             if value_field.type == FieldDescriptor.TYPE_MESSAGE:
                 target[key].CopyFrom(
-                    draw(messages(value_field.message_type, hostile=hostile, max_depth=depth - 1))
+                    draw(
+                        messages(
+                            value_field.message_type,
+                            hostile=hostile,
+                            max_depth=depth - 1,
+                            seeds=seeds,
+                        )
+                    )
                 )
             else:
-                target[key] = draw(_scalar(value_field, hostile=hostile))
+                target[key] = draw(_scalar(value_field, hostile=hostile, seeds=seeds))
         return
     if is_message:
-        inner = messages(message_type, hostile=hostile, max_depth=depth - 1)
+        inner = messages(message_type, hostile=hostile, max_depth=depth - 1, seeds=seeds)
         if field.is_repeated:
             for item in draw(st.lists(inner, max_size=3)):
                 target.add().CopyFrom(item)
@@ -204,6 +272,6 @@ def _fill(
             target.CopyFrom(draw(inner))
         return
     if field.is_repeated:
-        target.extend(draw(st.lists(_scalar(field, hostile=hostile), max_size=4)))
+        target.extend(draw(st.lists(_scalar(field, hostile=hostile, seeds=seeds), max_size=4)))
         return
-    setattr(message, field.name, draw(_scalar(field, hostile=hostile)))
+    setattr(message, field.name, draw(_scalar(field, hostile=hostile, seeds=seeds)))
