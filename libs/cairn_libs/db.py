@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import asyncpg
 import structlog
 
-from cairn_libs.errors import DependencyUnavailable
+from cairn_libs.errors import ConfigurationError, DependencyUnavailable
 
 log = structlog.get_logger("cairn.db")
 
@@ -48,7 +48,7 @@ class Migration:
 def database_url() -> str:
     url = os.environ.get("DATABASE_URL")
     if not url:
-        raise RuntimeError(
+        raise ConfigurationError(
             "DATABASE_URL is not set: point it at a PostgreSQL with pgvector "
             "(`make run` starts an embedded one and sets it)"
         )

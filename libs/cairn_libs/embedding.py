@@ -17,6 +17,8 @@ from typing import Protocol
 
 import numpy as np
 
+from cairn_libs.errors import ConfigurationError
+
 LOCAL_MODEL_ID = "all-MiniLM-L6-v2-onnx-int8"
 LOCAL_DIMENSIONS = 384
 MAX_TOKENS = 256
@@ -90,4 +92,4 @@ def embedder_from_env() -> Embedder | None:
         return None
     if choice == "local":
         return LocalOnnxEmbedder()
-    raise RuntimeError(f"CAIRN_EMBEDDER={choice!r} is not known; use 'local' or 'none'")
+    raise ConfigurationError(f"CAIRN_EMBEDDER={choice!r} is not known; use 'local' or 'none'")

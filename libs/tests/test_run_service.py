@@ -93,3 +93,38 @@ def test_any_other_start_up_failure_is_still_one_json_line(dev_keys: tuple[Path,
     event = json.loads(output[0])
     assert event["event"] == "service.start_failed"
     assert "RuntimeError: config.yaml" in event["exception"]
+
+
+@pytest.mark.parametrize(
+    ("module", "setting", "named"),
+    [
+        ("cairn_orchestrator", {"CAIRN_RUN_LEASE_SECONDS": "soon"}, "CAIRN_RUN_LEASE_SECONDS"),
+        (
+            "cairn_orchestrator",
+            {"CAIRN_SERVICE_SIGNING_KEY_FILE": "/nonexistent/key.pem"},
+            "CAIRN_SERVICE_SIGNING_KEY_FILE",
+        ),
+        (
+            "cairn_memory",
+            {"CAIRN_MEMORY_ENCRYPTION_KEY": "not base64!"},
+            "CAIRN_MEMORY_ENCRYPTION_KEY",
+        ),
+        ("cairn_memory", {"CAIRN_EMBEDDER": "lokal"}, "CAIRN_EMBEDDER"),
+        ("cairn_memory", {"DATABASE_URL": ""}, "DATABASE_URL"),
+    ],
+)
+def test_each_services_bad_setting_is_one_config_invalid_line(
+    module: str, setting: dict[str, str], named: str, dev_keys: tuple[Path, Path], pg_url: str
+) -> None:
+    env = {
+        "CAIRN_JWT_PUBLIC_KEY_FILE": str(dev_keys[1]),
+        "CAIRN_SERVICE_SIGNING_KEY_FILE": str(dev_keys[0]),
+        "DATABASE_URL": pg_url,
+        "CAIRN_EMBEDDER": "none",
+        **setting,
+    }
+    finished = _start(f"import runpy; runpy.run_module({module!r}, run_name='__main__')", env)
+
+    event = _only_line(finished)
+    assert (finished.returncode, event["event"]) == (2, "service.config_invalid")
+    assert named in str(event["error"])

@@ -28,7 +28,7 @@ import structlog
 from cairn.memory.v1 import memory_pb2_grpc
 from cairn_libs.db import Database, database_url
 from cairn_libs.embedding import Embedder, embedder_from_env
-from cairn_libs.errors import CairnError
+from cairn_libs.errors import CairnError, ConfigurationError
 from cairn_memory.clock import Clock, SystemClock
 from cairn_memory.copies import CopyHolders, NoOtherHolders, OrchestratorCopies
 from cairn_memory.keeper import MemoryKeeper
@@ -154,7 +154,9 @@ def _positive_float(name: str, default: float) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise RuntimeError(f"{name}={raw!r} is not a number; give a positive number") from None
+        raise ConfigurationError(
+            f"{name}={raw!r} is not a number; give a positive number"
+        ) from None
     if value <= 0:
-        raise RuntimeError(f"{name}={raw!r} must be positive")
+        raise ConfigurationError(f"{name}={raw!r} must be positive")
     return value

@@ -25,6 +25,8 @@ from typing import Final, Protocol
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from cairn_libs.errors import ConfigurationError
+
 _FORMAT_V1: Final = b"\x01"
 _NONCE_BYTES: Final = 12
 
@@ -97,11 +99,11 @@ def vault_from_key(encoded_key: str | None) -> TextVault:
     try:
         key = base64.b64decode(encoded_key.strip(), validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise ValueError(
+        raise ConfigurationError(
             "CAIRN_MEMORY_ENCRYPTION_KEY is not valid base64; give 32 random bytes, base64-encoded"
         ) from exc
     if len(key) != 32:
-        raise ValueError(
+        raise ConfigurationError(
             f"CAIRN_MEMORY_ENCRYPTION_KEY decodes to {len(key)} bytes; give 32 random bytes, base64-encoded"
         )
     return AesGcmVault(key)

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from cairn_libs.db import Database
+from cairn_libs.errors import ConfigurationError
 from cairn_libs.identity import CallIdentity, Principal
 from cairn_memory.clock import FakeClock
 from cairn_memory.domain import BlockDraft, RecallQuery, RememberDraft, Subject, SubjectKind
@@ -63,7 +64,7 @@ def test_sealed_text_opens_with_the_key_for_its_own_org_only() -> None:
     ],
 )
 def test_a_bad_key_is_refused_at_start_up(value: str, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ConfigurationError, match=message):
         vault_from_key(value)
     assert isinstance(vault_from_key(None), PlainVault)
     assert isinstance(vault_from_key(base64.b64encode(KEY).decode()), AesGcmVault)

@@ -21,6 +21,7 @@ import structlog
 
 from cairn.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from cairn_libs.db import Database
+from cairn_libs.errors import ConfigurationError
 from cairn_libs.identity import DEFAULT_AUDIENCE, DEFAULT_ISSUER, TokenIssuer
 from cairn_orchestrator.confirmations import DEFAULT_CONFIRMATION_TTL_SECONDS
 from cairn_orchestrator.conversation import ConversationArchiver
@@ -73,10 +74,12 @@ class OrchestratorConfig:
         env = os.environ if env is None else env
         database_url = env.get("DATABASE_URL", "")
         if not database_url:
-            raise RuntimeError("DATABASE_URL is not set: point it at a PostgreSQL with pgvector")
+            raise ConfigurationError(
+                "DATABASE_URL is not set: point it at a PostgreSQL with pgvector"
+            )
         signing_key = env.get("CAIRN_SERVICE_SIGNING_KEY_FILE", "")
         if not signing_key:
-            raise RuntimeError(
+            raise ConfigurationError(
                 "CAIRN_SERVICE_SIGNING_KEY_FILE is not set: the orchestrator signs a per-run actor "
                 "token with it so memory can record which run wrote what"
             )
@@ -111,9 +114,9 @@ def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
     try:
         value = float(raw)
     except ValueError as exc:
-        raise RuntimeError(f"{name}={raw!r} is not a number") from exc
+        raise ConfigurationError(f"{name}={raw!r} is not a number") from exc
     if value <= 0:
-        raise RuntimeError(f"{name}={raw!r} must be positive")
+        raise ConfigurationError(f"{name}={raw!r} must be positive")
     return value
 
 
@@ -141,9 +144,16 @@ class OrchestratorApp:
             registry.register(append_note_tool(self._db))
         catalog = load_agent_specs(config.agents_dir, known_tools=registry.names())
 
-        issuer = TokenIssuer.from_file(
-            config.signing_key_file, issuer=config.jwt_issuer, audience=config.jwt_audience
-        )
+        try:
+            issuer = TokenIssuer.from_file(
+                config.signing_key_file, issuer=config.jwt_issuer, audience=config.jwt_audience
+            )
+        except (OSError, ValueError, TypeError) as exc:
+            raise ConfigurationError(
+                f"CAIRN_SERVICE_SIGNING_KEY_FILE={str(config.signing_key_file)!r} is not a "
+                f"readable PEM private key ({type(exc).__name__}); point it at the key whose "
+                "public half the other services trust"
+            ) from exc
 
         def mint_actor_token(run_id: str, agent: str) -> str:
             return issuer.actor_token(service="orchestrator", run_id=run_id, agent=agent)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from cairn_libs.errors import (
     CairnError,
+    ConfigurationError,
     Conflict,
     Denied,
     DependencyUnavailable,
@@ -52,7 +53,7 @@ class BadPageToken(OrchestratorError, InvalidInput):
         )
 
 
-class AgentSpecInvalid(OrchestratorError, InvalidInput):
+class AgentSpecInvalid(OrchestratorError, InvalidInput, ConfigurationError):
     """A spec file the orchestrator refuses to load; the message names file and field."""
 
     def __init__(self, file: str, field: str, problem: str) -> None:

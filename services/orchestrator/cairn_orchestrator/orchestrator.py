@@ -20,7 +20,7 @@ import json
 import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 import structlog
 from opentelemetry import trace
@@ -85,6 +85,9 @@ def decode_page_token(token: str) -> PageCursor | None:
         value = json.loads(base64.urlsafe_b64decode(padded.encode()))
         created_at = datetime.fromisoformat(value["c"])
         run_id = value["r"]
+        # A time whose UTC form leaves the calendar (0001-01-01+14:00) is not ours.
+        if created_at.utcoffset() is not None:
+            created_at.astimezone(UTC)
     except (ValueError, KeyError, TypeError, binascii.Error, OverflowError) as exc:
         raise BadPageToken(token) from exc
     # A token decodes only to what encode_page_token makes: a time with its zone and a

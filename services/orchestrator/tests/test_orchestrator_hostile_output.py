@@ -163,6 +163,12 @@ async def test_a_run_whose_store_fails_mid_run_ends_with_that_reason_once_it_ans
         ).decode(),
         base64.urlsafe_b64encode(json.dumps({"c": 1e308, "r": "run_1"}).encode()).decode(),
         base64.urlsafe_b64encode(json.dumps(["c", "r"]).encode()).decode(),
+        base64.urlsafe_b64encode(
+            json.dumps({"c": "0001-01-01T00:00:00+14:00", "r": "run_1"}).encode()
+        ).decode(),
+        base64.urlsafe_b64encode(
+            json.dumps({"c": "9999-12-31T23:59:59-14:00", "r": "run_1"}).encode()
+        ).decode(),
     ],
 )
 def test_a_crafted_page_token_is_a_bad_page_token_never_a_database_error(token: str) -> None:
