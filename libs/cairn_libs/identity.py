@@ -224,6 +224,13 @@ def check_claim_types(claims: dict[str, Any]) -> None:
         value = claims.get(name, [])
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise Unauthenticated(f"token invalid: claim {name!r} must be a list of strings")
+    # Org, user, roles and run become keys of every row a service writes; text
+    # PostgreSQL cannot keep would fail there, far from the cause.
+    for name in (*_STRING_CLAIMS, *_STRING_LIST_CLAIMS):
+        value = claims.get(name)
+        texts = value if isinstance(value, list) else [value]
+        if any(isinstance(t, str) and "\x00" in t for t in texts):
+            raise Unauthenticated(f"token invalid: claim {name!r} contains U+0000")
 
 
 def _str_tuple(value: object) -> tuple[str, ...]:

@@ -134,6 +134,9 @@ MALFORMED_CLAIMS = {
     "roles with numbers": {"roles": [1, 2]},
     "groups as an object": {"groups": {"staff": True}},
     "aud as a list with a number": {"aud": ["cairn", 5]},
+    "org with U+0000": {"org": "acme\x00"},
+    "sub with U+0000": {"sub": "tom\x00"},
+    "a role with U+0000": {"roles": ["admin\x00"]},
 }
 
 
