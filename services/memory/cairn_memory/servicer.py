@@ -7,6 +7,7 @@ are refused here, as part of conversion; every other rule lives in the domain.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -338,12 +339,9 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
     async def Archive(
         self, request: memory_pb2.ArchiveRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> memory_pb2.ArchiveResponse:
-        refuse_secrets_in_block(
-            label=request.label,
-            role=request.role,
-            content=request.content,
-            conversation_id=request.conversation_id,
-        )
+        # Sizes and shapes first (cheap), so a hostile 4 MB body is refused before it
+        # is scanned; the scan of a large block (most of a second of CPU at the limit)
+        # runs in a worker thread so other calls keep being served meanwhile.
         draft = block_draft(
             label=request.label,
             role=request.role,
@@ -354,6 +352,13 @@ class MemoryServicer(memory_pb2_grpc.MemoryServiceServicer):
                 for index, about in enumerate(request.subjects)
             ],
             archived_by=current_identity().principal.user_id,
+        )
+        await asyncio.to_thread(
+            refuse_secrets_in_block,
+            label=request.label,
+            role=request.role,
+            content=request.content,
+            conversation_id=request.conversation_id,
         )
         block_id = await self._keeper.archive(draft, current_identity().principal)
         return memory_pb2.ArchiveResponse(block_id=block_id)

@@ -438,3 +438,17 @@ def test_a_mistyped_previous_value_holding_a_secret_is_not_echoed(client: Client
     )
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert STRIPE not in (error.details() or "")
+
+
+def test_a_block_over_the_size_limit_is_refused_for_its_size_before_it_is_scanned(
+    client: ClientFactory,
+) -> None:
+    # Scanning costs CPU in proportion to the text; a hostile caller sending the
+    # largest body gRPC allows must be turned away by the cheap check first.
+    card = "4111 1111 1111 1111"
+    content = f"My card is {card}. " + "ordinary words " * 40_000
+    with pytest.raises(grpc.RpcError) as refused:
+        client("maria").archive("Notes", content, f"conv-{uuid.uuid4().hex[:8]}")
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "bytes; at most" in (refused.value.details() or "")
+    assert card not in (refused.value.details() or "")
