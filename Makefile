@@ -11,8 +11,19 @@ BUF := tools/node_modules/.bin/buf
 SITE = $(shell $(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 PROTO_FILES = $(shell cd protos && find cairn -name '*.proto' | sort)
 PROTOC = PATH=$(BIN):$$PATH $(PY) -m grpc_tools.protoc -Iprotos -I$(SITE) -I$(SITE)/grpc_tools/_proto
+# the REST proxy: Go plugins at the versions services/restproxy/go.mod pins with `tool`
+RESTPROXY := services/restproxy
+GO_TOOLS := build/go-tools
+OPENAPI := $(RESTPROXY)/internal/openapi
+GO_PLUGINS = --plugin=protoc-gen-go=$(GO_TOOLS)/protoc-gen-go --plugin=protoc-gen-go-grpc=$(GO_TOOLS)/protoc-gen-go-grpc \
+  --plugin=protoc-gen-grpc-gateway=$(GO_TOOLS)/protoc-gen-grpc-gateway --plugin=protoc-gen-openapiv2=$(GO_TOOLS)/protoc-gen-openapiv2
+# $(call protoc_go,GO_OUT,OPENAPI_OUT)
+protoc_go = $(PROTOC) $(GO_PLUGINS) --go_out=$(1) --go_opt=paths=source_relative \
+  --go-grpc_out=$(1) --go-grpc_opt=paths=source_relative \
+  --grpc-gateway_out=$(1) --grpc-gateway_opt=paths=source_relative \
+  --openapiv2_out=$(2) --openapiv2_opt=allow_merge=true,merge_file_name=cairn,disable_default_errors=false $(PROTO_FILES)
 
-.PHONY: help install gen gen-check lint-protos run demo test check fmt lint typecheck bench bench-data clean-state
+.PHONY: help install go-tools restproxy gen gen-check lint-protos run demo test check fmt lint typecheck bench bench-data clean-state
 
 help: ## list the verbs
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -29,12 +40,23 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml tools/package.jso
 
 install: $(STAMP) ## create .venv and install everything (Python and buf)
 
-gen: $(STAMP) ## generate Python code and type stubs from protos/
+go-tools: ## build the protoc plugins pinned by services/restproxy/go.mod
+	mkdir -p $(GO_TOOLS)
+	cd $(RESTPROXY) && go build -o ../../$(GO_TOOLS)/ tool
+
+restproxy: ## build the REST proxy into build/bin/restproxy
+	mkdir -p build/bin
+	cd $(RESTPROXY) && go build -o ../../build/bin/restproxy .
+
+gen: $(STAMP) go-tools ## generate Python and Go code (and the OpenAPI) from protos/
 	rm -rf gen/python/cairn
 	mkdir -p gen/python
 	$(PROTOC) --python_out=gen/python --grpc_python_out=gen/python \
 	  --mypy_out=gen/python --mypy_grpc_out=gen/python $(PROTO_FILES)
 	find gen/python/cairn -type d -exec touch {}/__init__.py \;
+	rm -rf gen/go/cairn $(OPENAPI)/cairn.swagger.json
+	mkdir -p $(OPENAPI)
+	$(call protoc_go,gen/go,$(OPENAPI))
 
 gen-check: $(STAMP) ## fail when gen/python is stale against protos/
 	rm -rf build/gen-check && mkdir -p build/gen-check
@@ -43,6 +65,12 @@ gen-check: $(STAMP) ## fail when gen/python is stale against protos/
 	find build/gen-check/cairn -type d -exec touch {}/__init__.py \;
 	diff -r -x __pycache__ build/gen-check/cairn gen/python/cairn > /dev/null || \
 	  { echo "gen/python is stale: run 'make gen' and commit the result"; exit 1; }
+	$(MAKE) --no-print-directory go-tools
+	rm -rf build/gen-check-go && mkdir -p build/gen-check-go/go build/gen-check-go/openapi
+	$(call protoc_go,build/gen-check-go/go,build/gen-check-go/openapi)
+	diff -r build/gen-check-go/go/cairn gen/go/cairn > /dev/null && \
+	  diff build/gen-check-go/openapi/cairn.swagger.json $(OPENAPI)/cairn.swagger.json > /dev/null || \
+	  { echo "gen/go or the OpenAPI is stale: run 'make gen' and commit the result"; exit 1; }
 
 lint-protos: $(STAMP) ## buf lint (STANDARD rules) over protos/
 	mkdir -p build
@@ -52,7 +80,8 @@ lint-protos: $(STAMP) ## buf lint (STANDARD rules) over protos/
 run: $(STAMP) ## bring the whole system up on embedded defaults and show it working
 	$(PY) -m cairn_libs.devstack
 
-test: $(STAMP) lint-protos gen-check ## install what is needed and run every test
+test: $(STAMP) lint-protos gen-check restproxy ## install what is needed and run every test
+	cd $(RESTPROXY) && go vet ./... && go test -count=1 ./...
 	$(PY) -m pytest -p no:cacheprovider -q
 
 fmt: $(STAMP) ## format the code
