@@ -1,7 +1,8 @@
 """`make run`: the whole system on its embedded defaults, shown working.
 
-Starts (or reuses) the embedded PostgreSQL, the offline demo model and the four
-services as separate processes, ingests the bundled handbook, asks one question
+Starts (or reuses) the embedded PostgreSQL, the offline demo model, the four
+services and the REST proxy (built from services/restproxy) as separate
+processes, ingests the bundled handbook, asks one question
 as two callers with different rights, prints each answer with its citations and
 trajectory, then keeps the stack up until Ctrl-C. Everything lives under
 `state/`, so a second `make run` reuses keys, database and vectors.
@@ -17,6 +18,7 @@ import time
 from typing import Any
 
 import grpc
+import httpx
 from google.protobuf import json_format
 from rich.console import Console
 from rich.markup import escape
@@ -31,10 +33,12 @@ from cairn_libs.identity import TokenIssuer, generate_dev_keypair
 from cairn_libs.stack import (
     REPO_ROOT,
     ServiceProcess,
+    build_restproxy,
     health_status,
     stack_env,
     start_embedded_postgres,
     start_fake_provider,
+    start_restproxy,
     start_service,
     stop_embedded_postgres,
     wait_for_health,
@@ -44,6 +48,8 @@ from cairn_libs.stack import (
 STATE = REPO_ROOT / "state"
 PORTS = {"gateway": 50051, "retrieval": 50052, "memory": 50053, "orchestrator": 50054}
 OFFLINE_MODEL_PORT = 8089
+REST_PORT = 8080
+REST_URL = f"http://127.0.0.1:{REST_PORT}"
 console = Console(width=max(Console().width, 120))
 
 
@@ -63,6 +69,28 @@ def _start_all(env: dict[str, str]) -> list[ServiceProcess]:
         wait_for_health(proc, timeout=90)
         console.print(f"[green]✓[/] {proc.name:<13} SERVING on {proc.address}")
     return started
+
+
+def _start_restproxy(env: dict[str, str]) -> ServiceProcess | None:
+    """The REST proxy on :8080 in front of the services; None when one already
+    answers there (a second `make run`)."""
+    try:
+        if httpx.get(f"{REST_URL}/healthz", timeout=1).status_code == 200:
+            console.print(
+                f"[yellow]the REST proxy is already serving on :{REST_PORT}; reusing it[/]"
+            )
+            return None
+    except httpx.HTTPError:
+        pass
+    build_restproxy()
+    addresses = {name: f"127.0.0.1:{port}" for name, port in PORTS.items()}
+    proxy = start_restproxy(port=REST_PORT, addresses=addresses, env=env, log_dir=STATE / "logs")
+    wait_for_http(proxy)
+    ready = httpx.get(f"{REST_URL}/readyz", timeout=10).json()
+    console.print(
+        f"[green]✓[/] {proxy.name:<13} REST on {REST_URL} (backends: {ready['backends']})"
+    )
+    return proxy
 
 
 def _ingest(corpus: dict[str, Any], issuer: TokenIssuer) -> None:
@@ -186,6 +214,12 @@ def _grpcurl_help(corpus: dict[str, Any], issuer: TokenIssuer) -> None:
             f'    -d \'{{"agent": "handbook", "input": "How many days of leave do I get?"}}\' \\\n'
             f"    127.0.0.1:{PORTS['orchestrator']} cairn.orchestrator.v1.OrchestratorService/StartRun\n"
             f"  grpcurl -plaintext 127.0.0.1:{PORTS['retrieval']} grpc.health.v1.Health/Check\n\n"
+            f"Over REST (the proxy at {REST_URL}; contract at {REST_URL}/openapi.json):\n\n"
+            f'  curl -s -H "Authorization: Bearer $(cat state/tokens/tom.jwt)" \\\n'
+            f'    -d \'{{"agent": "handbook", "input": "How many days of leave do I get?"}}\' \\\n'
+            f"    {REST_URL}/v1/runs\n"
+            f'  curl -sN -H "Authorization: Bearer $(cat state/tokens/tom.jwt)" \\\n'
+            f"    {REST_URL}/v1/runs/RUN_ID/events\n\n"
             "Ingest your own files (the docs-bot token may ingest):\n"
             "  .venv/bin/python -m cairn_retrieval.ingest_cli --token-file state/tokens/docs-bot.jwt \\\n"
             "    --source handbook --role employee PATH...\n\n"
@@ -240,6 +274,9 @@ def main() -> int:
             addresses={name: f"127.0.0.1:{port}" for name, port in PORTS.items()},
         )
         processes = _start_all(env)
+        proxy = _start_restproxy(env)
+        if proxy is not None:
+            processes.append(proxy)
         corpus = load_handbook()
         _ingest(corpus, issuer)
         for caller in corpus["callers"]:
