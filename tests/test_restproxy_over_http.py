@@ -23,14 +23,9 @@ from cairn.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from cairn_libs.clients import call_metadata
 from cairn_libs.errors import DENIAL_MESSAGE
 from cairn_libs.identity import ACTOR_METADATA_KEY, TokenIssuer, generate_dev_keypair
-from cairn_libs.stack import (
-    build_restproxy,
-    free_port,
-    start_restproxy,
-    wait_for_http,
-    wait_until,
-)
+from cairn_libs.stack import wait_until
 from tests.conftest import OtlpReceiver, Stack
+from tests.restproxy_support import running_restproxy
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -41,19 +36,10 @@ QUESTION = "How many days of leave do I get?"
 def rest(
     stack: Stack, otlp: tuple[OtlpReceiver, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    build_restproxy()
-    port = free_port()
-    proxy = start_restproxy(
-        port=port,
-        addresses=stack.addresses,
-        env={"OTEL_EXPORTER_OTLP_ENDPOINT": otlp[1], "OTEL_EXPORTER_OTLP_INSECURE": "true"},
-        log_dir=tmp_path_factory.mktemp("restproxy"),
-    )
-    try:
-        wait_for_http(proxy)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proxy.stop()
+    with running_restproxy(
+        stack, otlp_endpoint=otlp[1], log_dir=tmp_path_factory.mktemp("restproxy")
+    ) as url:
+        yield url
 
 
 def _bearer(token: str) -> dict[str, str]:
