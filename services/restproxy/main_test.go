@@ -30,6 +30,28 @@ type recordingOrchestrator struct {
 	mu       sync.Mutex
 	metadata []metadata.MD
 	calls    int
+	// closed by a test once it has read the first event of run "stepwise"
+	release chan struct{}
+}
+
+// StreamRun sends one event, then for run "stepwise" waits for the test to have
+// read it before the second, and for run "fails-midway" ends on an error.
+func (o *recordingOrchestrator) StreamRun(req *orchestratorv1.StreamRunRequest, stream grpc.ServerStreamingServer[orchestratorv1.StreamRunResponse]) error {
+	first := &orchestratorv1.StreamRunResponse{Kind: orchestratorv1.RunEventKind_RUN_EVENT_KIND_STEP_FINISHED, Step: &orchestratorv1.Step{Seq: 1}}
+	if err := stream.Send(first); err != nil {
+		return err
+	}
+	switch req.GetRunId() {
+	case "fails-midway":
+		return status.Error(codes.Aborted, "the run's lease was lost")
+	case "stepwise":
+		select {
+		case <-o.release:
+		case <-stream.Context().Done():
+			return stream.Context().Err()
+		}
+	}
+	return stream.Send(&orchestratorv1.StreamRunResponse{Kind: orchestratorv1.RunEventKind_RUN_EVENT_KIND_RUN_FINISHED})
 }
 
 func (o *recordingOrchestrator) StartRun(ctx context.Context, req *orchestratorv1.StartRunRequest) (*orchestratorv1.StartRunResponse, error) {
@@ -67,7 +89,7 @@ func startProxy(t *testing.T, env map[string]string) fixture {
 		t.Fatal(err)
 	}
 	server := grpc.NewServer()
-	orchestrator := &recordingOrchestrator{}
+	orchestrator := &recordingOrchestrator{release: make(chan struct{})}
 	orchestratorv1.RegisterOrchestratorServiceServer(server, orchestrator)
 	healthServer := health.NewServer()
 	healthpb.RegisterHealthServer(server, healthServer)
@@ -233,6 +255,59 @@ func TestADenialKeepsItsCodeMessageAndErrorInfo(t *testing.T) {
 	info := details[0].(map[string]any)
 	if info["@type"] != "type.googleapis.com/google.rpc.ErrorInfo" || info["reason"] != "DENIED" {
 		t.Errorf("detail %v is not the service's ErrorInfo", info)
+	}
+}
+
+func TestARunsEventsArriveAsJSONLinesAsTheyHappen(t *testing.T) {
+	f := startProxy(t, nil)
+	resp, err := http.Get(f.url + "/v1/runs/stepwise/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	lines := bufio.NewReader(resp.Body)
+	first := make(chan string, 1)
+	go func() {
+		line, _ := lines.ReadString('\n')
+		first <- line
+	}()
+	select {
+	case line := <-first:
+		// the service holds the second event back until this line was read
+		if !strings.Contains(line, `"seq":1`) || !strings.HasPrefix(line, `{"result":`) {
+			t.Errorf("first line %q, want the first event as one JSON line", line)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first event did not arrive before the stream ended: the proxy buffers")
+	}
+	close(f.orchestrator.release)
+	rest, _ := io.ReadAll(lines)
+	if !strings.Contains(string(rest), "RUN_EVENT_KIND_RUN_FINISHED") {
+		t.Errorf("after the first line got %q, want the finishing event", rest)
+	}
+}
+
+func TestAnErrorAfterTheFirstEventIsAFinalErrorLineNotACleanEnd(t *testing.T) {
+	f := startProxy(t, nil)
+	resp, err := http.Get(f.url + "/v1/runs/fails-midway/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("got %d lines %q, want one event and one error", len(lines), raw)
+	}
+	var last struct {
+		Error struct {
+			Code    int    `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(lines[1]), &last); err != nil || last.Error.Code != int(codes.Aborted) ||
+		last.Error.Message != "the run's lease was lost" {
+		t.Errorf("last line %q, want the service's error", lines[1])
 	}
 }
 
