@@ -16,6 +16,13 @@ is INVALID_ARGUMENT with a plain message.
 
 Health reports SERVING only while the service's own readiness check passes (its
 database reachable and migrated), re-checked every few seconds.
+
+Connections have a maximum age (CAIRN_GRPC_MAX_CONNECTION_AGE_SECONDS): a client
+balancing round robin over a headless Service keeps its subchannels for as long as
+they live, so without an age the replicas an autoscaler adds would get no traffic
+from clients already connected. At the age the server sends GOAWAY; new calls go
+over a fresh connection (re-resolving the name), and calls in flight get
+CAIRN_GRPC_MAX_CONNECTION_AGE_GRACE_SECONDS to finish.
 """
 
 from __future__ import annotations
@@ -458,6 +465,24 @@ def seconds_setting(name: str, default: float) -> float:
     return value
 
 
+MAX_CONNECTION_AGE_ENV = "CAIRN_GRPC_MAX_CONNECTION_AGE_SECONDS"
+MAX_CONNECTION_AGE_GRACE_ENV = "CAIRN_GRPC_MAX_CONNECTION_AGE_GRACE_SECONDS"
+DEFAULT_MAX_CONNECTION_AGE_SECONDS = 300.0
+# Long enough for a run's event stream to finish on the old connection.
+DEFAULT_MAX_CONNECTION_AGE_GRACE_SECONDS = 600.0
+
+
+def server_options() -> list[tuple[str, int]]:
+    """The options of every cairn gRPC server; a bad setting is a ConfigurationError."""
+    age = seconds_setting(MAX_CONNECTION_AGE_ENV, DEFAULT_MAX_CONNECTION_AGE_SECONDS)
+    grace = seconds_setting(MAX_CONNECTION_AGE_GRACE_ENV, DEFAULT_MAX_CONNECTION_AGE_GRACE_SECONDS)
+    return [
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_connection_age_ms", max(1, round(age * 1000))),
+        ("grpc.max_connection_age_grace_ms", max(1, round(grace * 1000))),
+    ]
+
+
 async def serve(app: ServiceApp, *, address: str, verifier: TokenVerifier) -> None:
     """Serve until SIGTERM/SIGINT; then report NOT_SERVING, drain, and stop."""
     server = grpc.aio.server(
@@ -468,7 +493,7 @@ async def serve(app: ServiceApp, *, address: str, verifier: TokenVerifier) -> No
             access_log_interceptor(),
             door_interceptor(app.per_item_fields if isinstance(app, ChecksItemsItself) else None),
         ],
-        options=[("grpc.so_reuseport", 0)],
+        options=server_options(),
     )
     interval = seconds_setting("CAIRN_HEALTH_INTERVAL_SECONDS", 1.0)
     grace = seconds_setting("CAIRN_SHUTDOWN_GRACE_SECONDS", 5.0)
@@ -553,6 +578,7 @@ def run_service(app_factory: Callable[[], ServiceApp], *, default_port: int) -> 
     try:
         address = listen_address(default_port)
         max_reconnect_backoff_ms()  # read lazily by channels; refused here, at start-up
+        server_options()
         verifier = TokenVerifier.from_env()
         app = app_factory()
         asyncio.run(serve(app, address=address, verifier=verifier))
