@@ -29,6 +29,7 @@ SUITES = {
     "retrieval": "bench.retrieval_search:run_retrieval",
     "memory": "bench.memory_recall:run_memory",
     "run": "bench.run_latency:run_orchestration",
+    "rest": "bench.restproxy:run_restproxy",
 }
 
 
