@@ -601,3 +601,54 @@ def test_an_edge_opened_on_one_side_only_is_not_an_edge(objects: dict[str, list[
     assert ("gateway", "memory", "TCP/50053") not in _edges(objs)
     gateway["spec"]["ingress"].append({"ports": [{"protocol": "TCP", "port": 9999}]})
     assert (ANYWHERE, "gateway", "TCP/9999") in _edges(objs)
+
+
+# --- images -----------------------------------------------------------------------------------
+
+HADOLINT = Path(shutil.which("hadolint", path=str(REPO / ".venv" / "bin")) or "hadolint")
+
+
+def _containerfile(service: str) -> str:
+    return (REPO / "services" / service / "Containerfile").read_text(encoding="utf-8")
+
+
+def _hadolint(text: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [HADOLINT, "--no-color", "--failure-threshold", "info", "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_each_containerfile_passes_hadolint_with_no_finding_at_any_level(service: str) -> None:
+    done = _hadolint(_containerfile(service))
+    assert (done.returncode, done.stdout) == (0, "")
+
+
+def test_hadolint_finds_an_unpinned_base_and_an_unpinned_package() -> None:
+    done = _hadolint("FROM python:latest\nRUN pip install requests\n")
+    assert done.returncode != 0
+    assert "DL3007" in done.stdout
+    assert "DL3013" in done.stdout
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_each_image_is_multi_stage_on_pinned_bases_runs_as_non_root_and_exposes_its_manifest_port(
+    service: str, objects: dict[str, list[Obj]]
+) -> None:
+    lines = [line.strip() for line in _containerfile(service).splitlines()]
+    bases = [line.split()[1] for line in lines if line.startswith("FROM ")]
+    assert len(bases) >= 2
+    assert all(_is_pinned(base) for base in bases), bases
+    users = [line.split()[1] for line in lines if line.startswith("USER ")]
+    assert users and users[-1].split(":")[0].isdigit() and int(users[-1].split(":")[0]) > 0
+    (exposed,) = [int(line.split()[1]) for line in lines if line.startswith("EXPOSE ")]
+    (workload,) = [w for w in _workloads(objects["prod"]) if _short(w) == service]
+    (container,) = workload["spec"]["template"]["spec"]["containers"]
+    assert [p["containerPort"] for p in container["ports"]] == [exposed]
+    runtime_user = container["securityContext"]["runAsUser"]
+    assert users[-1] == f"{runtime_user}:{runtime_user}"
