@@ -26,7 +26,7 @@ protoc_go = $(PROTOC) $(GO_PLUGINS) --go_out=$(1) --go_opt=paths=source_relative
 .PHONY: help install go-tools restproxy gen gen-check lint-protos run demo test check fmt lint typecheck bench bench-data clean-state
 
 help: ## list the verbs
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml tools/package.json
 	test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
@@ -110,3 +110,4 @@ bench-data: ## install the documentation corpora the retrieval benchmark reads (
 clean-state: ## stop the embedded PostgreSQL and remove local state
 	-$(PY) -m cairn_libs.devstack --stop
 	rm -rf state
+include deploy/k8s/k8s.mk
