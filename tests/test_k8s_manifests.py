@@ -641,7 +641,18 @@ def test_each_image_is_multi_stage_on_pinned_bases_runs_as_non_root_and_exposes_
     service: str, objects: dict[str, list[Obj]]
 ) -> None:
     lines = [line.strip() for line in _containerfile(service).splitlines()]
-    bases = [line.split()[1] for line in lines if line.startswith("FROM ")]
+    # A base may be a build argument (make images passes local bases); its default
+    # is what a plain build uses, and it must be pinned too.
+    defaults = dict(
+        line.removeprefix("ARG ").split("=", 1)
+        for line in lines
+        if line.startswith("ARG ") and "=" in line
+    )
+    bases = [
+        re.sub(r"\$\{(\w+)\}", lambda m: defaults[m.group(1)], line.split()[1])
+        for line in lines
+        if line.startswith("FROM ")
+    ]
     assert len(bases) >= 2
     assert all(_is_pinned(base) for base in bases), bases
     users = [line.split()[1] for line in lines if line.startswith("USER ")]
