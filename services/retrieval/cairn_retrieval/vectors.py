@@ -75,6 +75,7 @@ class QdrantVectorStore:
         url: str | None = None,
         api_key: str | None = None,
         timeout_seconds: int = 5,
+        replication_factor: int | None = None,
     ) -> None:
         if sum(x is not None for x in (path, location, url)) != 1:
             raise ValueError("give exactly one of path, location or url")
@@ -85,6 +86,9 @@ class QdrantVectorStore:
         self._url = url
         self._api_key = api_key
         self._timeout = timeout_seconds
+        # A Qdrant cluster keeps this many copies of each shard of the collection it
+        # creates (None: the server's default); a collection that exists keeps its own.
+        self._replication_factor = replication_factor
         self._client: AsyncQdrantClient | None = None
         self._collection_ready = False
 
@@ -134,6 +138,7 @@ class QdrantVectorStore:
                     vectors_config=qm.VectorParams(
                         size=self.dimensions, distance=qm.Distance.COSINE
                     ),
+                    replication_factor=self._replication_factor if self.is_server else None,
                 )
                 if self.is_server:
                     # Payload indexes matter to a server's filtered HNSW search;
