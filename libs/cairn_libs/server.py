@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import math
 import os
 import signal
 import sys
@@ -67,6 +66,7 @@ from cairn_libs.identity import (
     CallIdentity,
     TokenVerifier,
 )
+from cairn_libs.settings import positive_number
 from cairn_libs.telemetry import (
     configure_logging,
     configure_tracing,
@@ -453,16 +453,7 @@ def listen_address(default_port: int) -> str:
 
 def seconds_setting(name: str, default: float) -> float:
     """A positive number of seconds from the environment variable `name`."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigurationError(f"{name}={raw!r} is not a number of seconds; give one above 0")
-    return value
+    return positive_number(name, default, unit="number of seconds")
 
 
 MAX_CONNECTION_AGE_ENV = "CAIRN_GRPC_MAX_CONNECTION_AGE_SECONDS"

@@ -111,6 +111,17 @@ def test_any_other_start_up_failure_is_still_one_json_line(dev_keys: tuple[Path,
         ),
         ("cairn_memory", {"CAIRN_EMBEDDER": "lokal"}, "CAIRN_EMBEDDER"),
         ("cairn_memory", {"DATABASE_URL": ""}, "DATABASE_URL"),
+        ("cairn_memory", {"CAIRN_MEMORY_TTL_DAYS": "nan"}, "CAIRN_MEMORY_TTL_DAYS"),
+        (
+            "cairn_orchestrator",
+            {"CAIRN_CONFIRMATION_TTL_SECONDS": "inf"},
+            "CAIRN_CONFIRMATION_TTL_SECONDS",
+        ),
+        (
+            "cairn_retrieval",
+            {"QDRANT_URL": "http://q:6333", "CAIRN_QDRANT_TIMEOUT_SECONDS": "0"},
+            "CAIRN_QDRANT_TIMEOUT_SECONDS",
+        ),
     ],
 )
 def test_each_services_bad_setting_is_one_config_invalid_line(

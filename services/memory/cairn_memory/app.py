@@ -28,7 +28,8 @@ import structlog
 from cairn.memory.v1 import memory_pb2_grpc
 from cairn_libs.db import Database, database_url
 from cairn_libs.embedding import Embedder, embedder_from_env
-from cairn_libs.errors import CairnError, ConfigurationError
+from cairn_libs.errors import CairnError
+from cairn_libs.settings import positive_number
 from cairn_memory.clock import Clock, SystemClock
 from cairn_memory.copies import CopyHolders, NoOtherHolders, OrchestratorCopies
 from cairn_memory.keeper import MemoryKeeper
@@ -79,8 +80,8 @@ class MemoryApp:
 
     @classmethod
     def from_env(cls) -> MemoryApp:
-        ttl_days = _positive_float("CAIRN_MEMORY_TTL_DAYS", DEFAULT_TTL_DAYS)
-        block_ttl_days = _positive_float("CAIRN_MEMORY_BLOCK_TTL_DAYS", ttl_days)
+        ttl_days = positive_number("CAIRN_MEMORY_TTL_DAYS", DEFAULT_TTL_DAYS)
+        block_ttl_days = positive_number("CAIRN_MEMORY_BLOCK_TTL_DAYS", ttl_days)
         return cls(
             database=memory_database(database_url()),
             embedder=embedder_from_env(),
@@ -88,7 +89,7 @@ class MemoryApp:
             clock=SystemClock(),
             ttl=timedelta(days=ttl_days),
             block_ttl=timedelta(days=block_ttl_days),
-            purge_interval_seconds=_positive_float(
+            purge_interval_seconds=positive_number(
                 "CAIRN_MEMORY_PURGE_INTERVAL_SECONDS", DEFAULT_PURGE_INTERVAL_SECONDS
             ),
             copy_holders=_copy_holders_from_env(),
@@ -145,18 +146,3 @@ def _copy_holders_from_env() -> CopyHolders:
         return NoOtherHolders()
     log.info("memory.copy_holders", orchestrator=address)
     return OrchestratorCopies(address)
-
-
-def _positive_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigurationError(
-            f"{name}={raw!r} is not a number; give a positive number"
-        ) from None
-    if value <= 0:
-        raise ConfigurationError(f"{name}={raw!r} must be positive")
-    return value

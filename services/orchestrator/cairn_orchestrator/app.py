@@ -23,6 +23,7 @@ from cairn.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from cairn_libs.db import Database
 from cairn_libs.errors import ConfigurationError
 from cairn_libs.identity import DEFAULT_AUDIENCE, DEFAULT_ISSUER, TokenIssuer
+from cairn_libs.settings import positive_number
 from cairn_orchestrator.confirmations import DEFAULT_CONFIRMATION_TTL_SECONDS
 from cairn_orchestrator.conversation import ConversationArchiver
 from cairn_orchestrator.knowledge_tool import search_knowledge_tool
@@ -92,32 +93,23 @@ class OrchestratorConfig:
             signing_key_file=Path(signing_key),
             jwt_issuer=env.get("CAIRN_JWT_ISSUER", DEFAULT_ISSUER),
             jwt_audience=env.get("CAIRN_JWT_AUDIENCE", DEFAULT_AUDIENCE),
-            stream_poll_seconds=_positive_float(env, "CAIRN_STREAM_POLL_SECONDS", 0.2),
-            max_completion_tokens=int(_positive_float(env, "CAIRN_MAX_COMPLETION_TOKENS", 1024)),
-            memory_ttl_days=_positive_float(env, "CAIRN_MEMORY_TTL_DAYS", 90.0),
-            confirmation_ttl_seconds=_positive_float(
-                env, "CAIRN_CONFIRMATION_TTL_SECONDS", DEFAULT_CONFIRMATION_TTL_SECONDS
+            stream_poll_seconds=positive_number("CAIRN_STREAM_POLL_SECONDS", 0.2, env=env),
+            max_completion_tokens=int(
+                positive_number("CAIRN_MAX_COMPLETION_TOKENS", 1024, env=env)
             ),
-            lease_seconds=_positive_float(env, "CAIRN_RUN_LEASE_SECONDS", DEFAULT_LEASE_SECONDS),
+            memory_ttl_days=positive_number("CAIRN_MEMORY_TTL_DAYS", 90.0, env=env),
+            confirmation_ttl_seconds=positive_number(
+                "CAIRN_CONFIRMATION_TTL_SECONDS", DEFAULT_CONFIRMATION_TTL_SECONDS, env=env
+            ),
+            lease_seconds=positive_number(
+                "CAIRN_RUN_LEASE_SECONDS", DEFAULT_LEASE_SECONDS, env=env
+            ),
             test_write_tool=env.get("CAIRN_TEST_WRITE_TOOL", "").strip() == "1",
         )
 
 
 def _optional_address(value: str) -> str | None:
     return None if value.strip().lower() == NOT_CONFIGURED else value.strip()
-
-
-def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError as exc:
-        raise ConfigurationError(f"{name}={raw!r} is not a number") from exc
-    if value <= 0:
-        raise ConfigurationError(f"{name}={raw!r} must be positive")
-    return value
 
 
 class OrchestratorApp:

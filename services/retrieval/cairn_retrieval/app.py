@@ -20,6 +20,7 @@ import structlog
 from cairn.retrieval.v1 import retrieval_pb2_grpc
 from cairn_libs.db import Database, database_url, load_migrations
 from cairn_libs.embedding import LOCAL_DIMENSIONS, Embedder
+from cairn_libs.settings import positive_whole_number
 from cairn_libs.stack import REPO_ROOT
 from cairn_retrieval.edge_store import EdgeVectorStore
 from cairn_retrieval.embedders import EmbeddingSpace, GatewayEmbedder, retrieval_embedder_from_env
@@ -85,19 +86,6 @@ class RetrievalApp:
         await self._database.close()
 
 
-def _positive_int(name: str, *, default: int | None) -> int | None:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise ConfigInvalid(f"{name}={raw!r} is not a positive whole number")
-    return value
-
-
 def vector_store_from_env(*, dimensions: int) -> VectorStore:
     """QDRANT_URL: a Qdrant server. Otherwise an embedded store in CAIRN_QDRANT_PATH
     (default state/qdrant): CAIRN_QDRANT_ENGINE=edge (the default, Qdrant's engine
@@ -111,8 +99,12 @@ def vector_store_from_env(*, dimensions: int) -> VectorStore:
             dimensions=dimensions,
             url=url,
             api_key=os.environ.get("QDRANT_API_KEY") or None,
-            timeout_seconds=_positive_int("CAIRN_QDRANT_TIMEOUT_SECONDS", default=5) or 5,
-            replication_factor=_positive_int("CAIRN_QDRANT_REPLICATION_FACTOR", default=None),
+            timeout_seconds=positive_whole_number(
+                "CAIRN_QDRANT_TIMEOUT_SECONDS", 5, error=ConfigInvalid
+            ),
+            replication_factor=positive_whole_number(
+                "CAIRN_QDRANT_REPLICATION_FACTOR", None, error=ConfigInvalid
+            ),
         )
     path = Path(os.environ.get("CAIRN_QDRANT_PATH", str(REPO_ROOT / "state" / "qdrant")))
     path.mkdir(parents=True, exist_ok=True)
