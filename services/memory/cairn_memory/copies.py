@@ -21,16 +21,8 @@ import grpc
 from cairn.memory.v1 import memory_pb2
 from cairn.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from cairn_libs.clients import call_metadata, channel
-from cairn_memory.domain import Subject, SubjectKind
+from cairn_memory.domain import Subject
 from cairn_memory.errors import CopiesUnreachable
-
-_KINDS = {
-    SubjectKind.WORKSPACE: memory_pb2.SUBJECT_KIND_WORKSPACE,
-    SubjectKind.USER: memory_pb2.SUBJECT_KIND_USER,
-    SubjectKind.CANDIDATE: memory_pb2.SUBJECT_KIND_CANDIDATE,
-    SubjectKind.EMPLOYEE: memory_pb2.SUBJECT_KIND_EMPLOYEE,
-    SubjectKind.CUSTOMER: memory_pb2.SUBJECT_KIND_CUSTOMER,
-}
 
 
 class CopyHolders(Protocol):
@@ -69,7 +61,10 @@ class OrchestratorCopies:
 
     async def forget_copies(self, subject: Subject, *, caller_token: str) -> None:
         request = orchestrator_pb2.ForgetCopiesRequest(
-            subject=memory_pb2.Subject(kind=_KINDS[subject.kind], id=subject.id)
+            subject=memory_pb2.Subject(
+                kind=memory_pb2.SubjectKind.Value(f"SUBJECT_KIND_{subject.kind.value}"),
+                id=subject.id,
+            )
         )
         try:
             await self._stub().ForgetCopies(

@@ -34,7 +34,7 @@ TOMBSTONE: Final = "[erased]"
 ORG_WIDE_MIN_CHARS: Final = 16
 
 
-def _escaped_forms(text: str) -> list[str]:
+def _escaped_forms(text: str) -> set[str]:
     """The text as it appears raw, JSON-escaped once and twice (both with and
     without non-ASCII escaped): every way a stored run can hold it."""
     forms = {text}
@@ -42,7 +42,7 @@ def _escaped_forms(text: str) -> list[str]:
         for current in list(forms):
             forms.add(json.dumps(current, ensure_ascii=False)[1:-1])
             forms.add(json.dumps(current, ensure_ascii=True)[1:-1])
-    return sorted(forms, key=len, reverse=True)
+    return forms
 
 
 def search_forms(texts: Iterable[str]) -> list[str]:
