@@ -473,12 +473,18 @@ class ConfirmationCard:
     summary: str
     details: tuple[CardDetail, ...] = ()
     warnings: tuple[str, ...] = ()
+    # BCP 47 tag of the language the card is written in ("en" or "zh-Hans"), and
+    # whether it fell back to English because the tool has no text in the asked one.
+    language: str = "en"
+    language_fallback: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
             "summary": self.summary,
             "details": [{"label": d.label, "value": d.value} for d in self.details],
             "warnings": list(self.warnings),
+            "language": self.language,
+            "language_fallback": self.language_fallback,
         }
 
     @classmethod
@@ -490,6 +496,8 @@ class ConfirmationCard:
                 for d in value.get("details", ())
             ),
             warnings=tuple(str(w) for w in value.get("warnings", ())),
+            language=str(value.get("language", "en")),
+            language_fallback=bool(value.get("language_fallback", False)),
         )
 
 

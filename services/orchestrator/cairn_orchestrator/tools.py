@@ -71,6 +71,9 @@ class ToolContext:
     credentials: CallCredentials
     labels: LabelBook
     confirmation_token: str | None = None
+    # The run's preferred language (BCP 47, normalised to "en" or "zh-Hans"):
+    # card renderers write in it where they have text in it.
+    language: str = "en"
 
 
 @dataclass(frozen=True, slots=True)

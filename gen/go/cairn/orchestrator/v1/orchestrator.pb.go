@@ -579,12 +579,17 @@ func (x *CardDetail) GetValue() string {
 
 // What a person sees before approving a write.
 type ConfirmationCard struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Summary       string                 `protobuf:"bytes,1,opt,name=summary,proto3" json:"summary,omitempty"`
-	Details       []*CardDetail          `protobuf:"bytes,2,rep,name=details,proto3" json:"details,omitempty"`
-	Warnings      []string               `protobuf:"bytes,3,rep,name=warnings,proto3" json:"warnings,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Summary  string                 `protobuf:"bytes,1,opt,name=summary,proto3" json:"summary,omitempty"`
+	Details  []*CardDetail          `protobuf:"bytes,2,rep,name=details,proto3" json:"details,omitempty"`
+	Warnings []string               `protobuf:"bytes,3,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	// The language the card is written in (BCP 47: "en" or "zh-Hans").
+	Language string `protobuf:"bytes,4,opt,name=language,proto3" json:"language,omitempty"`
+	// True when the run asked for a language the tool has no card text in, so the
+	// card fell back to English.
+	LanguageFallback bool `protobuf:"varint,5,opt,name=language_fallback,json=languageFallback,proto3" json:"language_fallback,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ConfirmationCard) Reset() {
@@ -636,6 +641,20 @@ func (x *ConfirmationCard) GetWarnings() []string {
 		return x.Warnings
 	}
 	return nil
+}
+
+func (x *ConfirmationCard) GetLanguage() string {
+	if x != nil {
+		return x.Language
+	}
+	return ""
+}
+
+func (x *ConfirmationCard) GetLanguageFallback() bool {
+	if x != nil {
+		return x.LanguageFallback
+	}
+	return false
 }
 
 type PendingConfirmation struct {
@@ -739,8 +758,12 @@ type Run struct {
 	PendingConfirmation *PendingConfirmation   `protobuf:"bytes,12,opt,name=pending_confirmation,json=pendingConfirmation,proto3" json:"pending_confirmation,omitempty"`
 	CreatedAt           *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	UpdatedAt           *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Set for CANCELLED by CancelRun: the user id of the person who cancelled.
+	CancelledBy string `protobuf:"bytes,15,opt,name=cancelled_by,json=cancelledBy,proto3" json:"cancelled_by,omitempty"`
+	// The language the run was asked in (BCP 47, "en" or "zh-Hans"); cards follow it.
+	Language      string `protobuf:"bytes,16,opt,name=language,proto3" json:"language,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Run) Reset() {
@@ -869,6 +892,20 @@ func (x *Run) GetUpdatedAt() *timestamppb.Timestamp {
 		return x.UpdatedAt
 	}
 	return nil
+}
+
+func (x *Run) GetCancelledBy() string {
+	if x != nil {
+		return x.CancelledBy
+	}
+	return ""
+}
+
+func (x *Run) GetLanguage() string {
+	if x != nil {
+		return x.Language
+	}
+	return ""
 }
 
 type StepError struct {
@@ -1034,8 +1071,12 @@ type StartRunRequest struct {
 	Input          string                 `protobuf:"bytes,2,opt,name=input,proto3" json:"input,omitempty"`
 	ConversationId string                 `protobuf:"bytes,3,opt,name=conversation_id,json=conversationId,proto3" json:"conversation_id,omitempty"`
 	Messages       []*ConversationTurn    `protobuf:"bytes,4,rep,name=messages,proto3" json:"messages,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The person's preferred language, BCP 47 (e.g. "en", "zh-Hans", "zh-CN").
+	// Confirmation cards are written in it where the tool has text in it; empty
+	// means English.
+	Language      string `protobuf:"bytes,5,opt,name=language,proto3" json:"language,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StartRunRequest) Reset() {
@@ -1094,6 +1135,13 @@ func (x *StartRunRequest) GetMessages() []*ConversationTurn {
 		return x.Messages
 	}
 	return nil
+}
+
+func (x *StartRunRequest) GetLanguage() string {
+	if x != nil {
+		return x.Language
+	}
+	return ""
 }
 
 type StartRunResponse struct {
@@ -1341,9 +1389,11 @@ func (x *GetRunResponse) GetRun() *Run {
 }
 
 type ListRunsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	PageSize      int32                  `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
-	PageToken     string                 `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	PageSize  int32                  `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken string                 `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Only runs in this state; UNSPECIFIED lists every state.
+	State         RunState `protobuf:"varint,3,opt,name=state,proto3,enum=cairn.orchestrator.v1.RunState" json:"state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1390,6 +1440,13 @@ func (x *ListRunsRequest) GetPageToken() string {
 		return x.PageToken
 	}
 	return ""
+}
+
+func (x *ListRunsRequest) GetState() RunState {
+	if x != nil {
+		return x.State
+	}
+	return RunState_RUN_STATE_UNSPECIFIED
 }
 
 type ListRunsResponse struct {
@@ -1652,6 +1709,103 @@ func (x *ResolveConfirmationResponse) GetRun() *Run {
 	return nil
 }
 
+type CancelRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	RunId string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// Why, in the person's words; kept in the run's reason.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelRunRequest) Reset() {
+	*x = CancelRunRequest{}
+	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelRunRequest) ProtoMessage() {}
+
+func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelRunRequest.ProtoReflect.Descriptor instead.
+func (*CancelRunRequest) Descriptor() ([]byte, []int) {
+	return file_cairn_orchestrator_v1_orchestrator_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *CancelRunRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *CancelRunRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type CancelRunResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Run           *Run                   `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelRunResponse) Reset() {
+	*x = CancelRunResponse{}
+	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelRunResponse) ProtoMessage() {}
+
+func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelRunResponse.ProtoReflect.Descriptor instead.
+func (*CancelRunResponse) Descriptor() ([]byte, []int) {
+	return file_cairn_orchestrator_v1_orchestrator_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *CancelRunResponse) GetRun() *Run {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
 type ListPendingConfirmationsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1660,7 +1814,7 @@ type ListPendingConfirmationsRequest struct {
 
 func (x *ListPendingConfirmationsRequest) Reset() {
 	*x = ListPendingConfirmationsRequest{}
-	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[21]
+	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1672,7 +1826,7 @@ func (x *ListPendingConfirmationsRequest) String() string {
 func (*ListPendingConfirmationsRequest) ProtoMessage() {}
 
 func (x *ListPendingConfirmationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[21]
+	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1685,7 +1839,7 @@ func (x *ListPendingConfirmationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPendingConfirmationsRequest.ProtoReflect.Descriptor instead.
 func (*ListPendingConfirmationsRequest) Descriptor() ([]byte, []int) {
-	return file_cairn_orchestrator_v1_orchestrator_proto_rawDescGZIP(), []int{21}
+	return file_cairn_orchestrator_v1_orchestrator_proto_rawDescGZIP(), []int{23}
 }
 
 type ListPendingConfirmationsResponse struct {
@@ -1697,7 +1851,7 @@ type ListPendingConfirmationsResponse struct {
 
 func (x *ListPendingConfirmationsResponse) Reset() {
 	*x = ListPendingConfirmationsResponse{}
-	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[22]
+	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1709,7 +1863,7 @@ func (x *ListPendingConfirmationsResponse) String() string {
 func (*ListPendingConfirmationsResponse) ProtoMessage() {}
 
 func (x *ListPendingConfirmationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[22]
+	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1722,7 +1876,7 @@ func (x *ListPendingConfirmationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPendingConfirmationsResponse.ProtoReflect.Descriptor instead.
 func (*ListPendingConfirmationsResponse) Descriptor() ([]byte, []int) {
-	return file_cairn_orchestrator_v1_orchestrator_proto_rawDescGZIP(), []int{22}
+	return file_cairn_orchestrator_v1_orchestrator_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListPendingConfirmationsResponse) GetConfirmations() []*PendingConfirmation {
@@ -1740,7 +1894,7 @@ type ListAgentsRequest struct {
 
 func (x *ListAgentsRequest) Reset() {
 	*x = ListAgentsRequest{}
-	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[23]
+	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1752,7 +1906,7 @@ func (x *ListAgentsRequest) String() string {
 func (*ListAgentsRequest) ProtoMessage() {}
 
 func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[23]
+	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1765,7 +1919,7 @@ func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsRequest.ProtoReflect.Descriptor instead.
 func (*ListAgentsRequest) Descriptor() ([]byte, []int) {
-	return file_cairn_orchestrator_v1_orchestrator_proto_rawDescGZIP(), []int{23}
+	return file_cairn_orchestrator_v1_orchestrator_proto_rawDescGZIP(), []int{25}
 }
 
 type AgentBudgets struct {
@@ -1779,7 +1933,7 @@ type AgentBudgets struct {
 
 func (x *AgentBudgets) Reset() {
 	*x = AgentBudgets{}
-	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[24]
+	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1791,7 +1945,7 @@ func (x *AgentBudgets) String() string {
 func (*AgentBudgets) ProtoMessage() {}
 
 func (x *AgentBudgets) ProtoReflect() protoreflect.Message {
-	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[24]
+	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1804,7 +1958,7 @@ func (x *AgentBudgets) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentBudgets.ProtoReflect.Descriptor instead.
 func (*AgentBudgets) Descriptor() ([]byte, []int) {
-	return file_cairn_orchestrator_v1_orchestrator_proto_rawDescGZIP(), []int{24}
+	return file_cairn_orchestrator_v1_orchestrator_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *AgentBudgets) GetTokens() int64 {
@@ -1843,7 +1997,7 @@ type Agent struct {
 
 func (x *Agent) Reset() {
 	*x = Agent{}
-	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[25]
+	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1855,7 +2009,7 @@ func (x *Agent) String() string {
 func (*Agent) ProtoMessage() {}
 
 func (x *Agent) ProtoReflect() protoreflect.Message {
-	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[25]
+	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1868,7 +2022,7 @@ func (x *Agent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Agent.ProtoReflect.Descriptor instead.
 func (*Agent) Descriptor() ([]byte, []int) {
-	return file_cairn_orchestrator_v1_orchestrator_proto_rawDescGZIP(), []int{25}
+	return file_cairn_orchestrator_v1_orchestrator_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Agent) GetName() string {
@@ -1929,7 +2083,7 @@ type ListAgentsResponse struct {
 
 func (x *ListAgentsResponse) Reset() {
 	*x = ListAgentsResponse{}
-	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[26]
+	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1941,7 +2095,7 @@ func (x *ListAgentsResponse) String() string {
 func (*ListAgentsResponse) ProtoMessage() {}
 
 func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[26]
+	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1954,7 +2108,7 @@ func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsResponse.ProtoReflect.Descriptor instead.
 func (*ListAgentsResponse) Descriptor() ([]byte, []int) {
-	return file_cairn_orchestrator_v1_orchestrator_proto_rawDescGZIP(), []int{26}
+	return file_cairn_orchestrator_v1_orchestrator_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListAgentsResponse) GetAgents() []*Agent {
@@ -1973,7 +2127,7 @@ type ForgetCopiesRequest struct {
 
 func (x *ForgetCopiesRequest) Reset() {
 	*x = ForgetCopiesRequest{}
-	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[27]
+	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1985,7 +2139,7 @@ func (x *ForgetCopiesRequest) String() string {
 func (*ForgetCopiesRequest) ProtoMessage() {}
 
 func (x *ForgetCopiesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[27]
+	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1998,7 +2152,7 @@ func (x *ForgetCopiesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetCopiesRequest.ProtoReflect.Descriptor instead.
 func (*ForgetCopiesRequest) Descriptor() ([]byte, []int) {
-	return file_cairn_orchestrator_v1_orchestrator_proto_rawDescGZIP(), []int{27}
+	return file_cairn_orchestrator_v1_orchestrator_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ForgetCopiesRequest) GetSubject() *v11.Subject {
@@ -2020,7 +2174,7 @@ type ForgetCopiesResponse struct {
 
 func (x *ForgetCopiesResponse) Reset() {
 	*x = ForgetCopiesResponse{}
-	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[28]
+	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2032,7 +2186,7 @@ func (x *ForgetCopiesResponse) String() string {
 func (*ForgetCopiesResponse) ProtoMessage() {}
 
 func (x *ForgetCopiesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[28]
+	mi := &file_cairn_orchestrator_v1_orchestrator_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2045,7 +2199,7 @@ func (x *ForgetCopiesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetCopiesResponse.ProtoReflect.Descriptor instead.
 func (*ForgetCopiesResponse) Descriptor() ([]byte, []int) {
-	return file_cairn_orchestrator_v1_orchestrator_proto_rawDescGZIP(), []int{28}
+	return file_cairn_orchestrator_v1_orchestrator_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ForgetCopiesResponse) GetRunsErased() int32 {
@@ -2089,11 +2243,13 @@ const file_cairn_orchestrator_v1_orchestrator_proto_rawDesc = "" +
 	"\n" +
 	"CardDetail\x12\x14\n" +
 	"\x05label\x18\x01 \x01(\tR\x05label\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value\"\x85\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\"\xce\x01\n" +
 	"\x10ConfirmationCard\x12\x18\n" +
 	"\asummary\x18\x01 \x01(\tR\asummary\x12;\n" +
 	"\adetails\x18\x02 \x03(\v2!.cairn.orchestrator.v1.CardDetailR\adetails\x12\x1a\n" +
-	"\bwarnings\x18\x03 \x03(\tR\bwarnings\"\xab\x02\n" +
+	"\bwarnings\x18\x03 \x03(\tR\bwarnings\x12\x1a\n" +
+	"\blanguage\x18\x04 \x01(\tR\blanguage\x12+\n" +
+	"\x11language_fallback\x18\x05 \x01(\bR\x10languageFallback\"\xab\x02\n" +
 	"\x13PendingConfirmation\x12-\n" +
 	"\x12confirmation_token\x18\x01 \x01(\tR\x11confirmationToken\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x1b\n" +
@@ -2102,7 +2258,7 @@ const file_cairn_orchestrator_v1_orchestrator_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
-	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xd7\x04\n" +
+	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\x96\x05\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x14\n" +
 	"\x05agent\x18\x02 \x01(\tR\x05agent\x125\n" +
@@ -2120,7 +2276,9 @@ const file_cairn_orchestrator_v1_orchestrator_proto_rawDesc = "" +
 	"\n" +
 	"created_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
 	"\n" +
-	"updated_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\"9\n" +
+	"updated_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12!\n" +
+	"\fcancelled_by\x18\x0f \x01(\tR\vcancelledBy\x12\x1a\n" +
+	"\blanguage\x18\x10 \x01(\tR\blanguage\"9\n" +
 	"\tStepError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"\xdb\x02\n" +
@@ -2134,12 +2292,13 @@ const file_cairn_orchestrator_v1_orchestrator_proto_rawDesc = "" +
 	"\vfinished_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"finishedAt\x12/\n" +
 	"\x06detail\x18\a \x01(\v2\x17.google.protobuf.StructR\x06detail\x126\n" +
-	"\x05error\x18\b \x01(\v2 .cairn.orchestrator.v1.StepErrorR\x05error\"\xab\x01\n" +
+	"\x05error\x18\b \x01(\v2 .cairn.orchestrator.v1.StepErrorR\x05error\"\xc7\x01\n" +
 	"\x0fStartRunRequest\x12\x14\n" +
 	"\x05agent\x18\x01 \x01(\tR\x05agent\x12\x14\n" +
 	"\x05input\x18\x02 \x01(\tR\x05input\x12'\n" +
 	"\x0fconversation_id\x18\x03 \x01(\tR\x0econversationId\x12C\n" +
-	"\bmessages\x18\x04 \x03(\v2'.cairn.orchestrator.v1.ConversationTurnR\bmessages\"@\n" +
+	"\bmessages\x18\x04 \x03(\v2'.cairn.orchestrator.v1.ConversationTurnR\bmessages\x12\x1a\n" +
+	"\blanguage\x18\x05 \x01(\tR\blanguage\"@\n" +
 	"\x10StartRunResponse\x12,\n" +
 	"\x03run\x18\x01 \x01(\v2\x1a.cairn.orchestrator.v1.RunR\x03run\")\n" +
 	"\x10StreamRunRequest\x12\x15\n" +
@@ -2152,11 +2311,12 @@ const file_cairn_orchestrator_v1_orchestrator_proto_rawDesc = "" +
 	"\rGetRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\">\n" +
 	"\x0eGetRunResponse\x12,\n" +
-	"\x03run\x18\x01 \x01(\v2\x1a.cairn.orchestrator.v1.RunR\x03run\"M\n" +
+	"\x03run\x18\x01 \x01(\v2\x1a.cairn.orchestrator.v1.RunR\x03run\"\x84\x01\n" +
 	"\x0fListRunsRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x02 \x01(\tR\tpageToken\"j\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\x125\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x1f.cairn.orchestrator.v1.RunStateR\x05state\"j\n" +
 	"\x10ListRunsResponse\x12.\n" +
 	"\x04runs\x18\x01 \x03(\v2\x1a.cairn.orchestrator.v1.RunR\x04runs\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"-\n" +
@@ -2171,6 +2331,11 @@ const file_cairn_orchestrator_v1_orchestrator_proto_rawDesc = "" +
 	"\bdecision\x18\x02 \x01(\x0e2\x1f.cairn.orchestrator.v1.DecisionR\bdecision\x12\x12\n" +
 	"\x04note\x18\x03 \x01(\tR\x04note\"K\n" +
 	"\x1bResolveConfirmationResponse\x12,\n" +
+	"\x03run\x18\x01 \x01(\v2\x1a.cairn.orchestrator.v1.RunR\x03run\"A\n" +
+	"\x10CancelRunRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"A\n" +
+	"\x11CancelRunResponse\x12,\n" +
 	"\x03run\x18\x01 \x01(\v2\x1a.cairn.orchestrator.v1.RunR\x03run\"!\n" +
 	"\x1fListPendingConfirmationsRequest\"t\n" +
 	" ListPendingConfirmationsResponse\x12P\n" +
@@ -2228,7 +2393,8 @@ const file_cairn_orchestrator_v1_orchestrator_proto_rawDesc = "" +
 	"\bDecision\x12\x18\n" +
 	"\x14DECISION_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10DECISION_APPROVE\x10\x01\x12\x11\n" +
-	"\rDECISION_DENY\x10\x022\xc5\t\n" +
+	"\rDECISION_DENY\x10\x022\xcb\n" +
+	"\n" +
 	"\x13OrchestratorService\x12p\n" +
 	"\bStartRun\x12&.cairn.orchestrator.v1.StartRunRequest\x1a'.cairn.orchestrator.v1.StartRunResponse\"\x13\x82\xd3\xe4\x93\x02\r:\x01*\"\b/v1/runs\x12\x82\x01\n" +
 	"\tStreamRun\x12'.cairn.orchestrator.v1.StreamRunRequest\x1a(.cairn.orchestrator.v1.StreamRunResponse\" \x82\xd3\xe4\x93\x02\x1a\x12\x18/v1/runs/{run_id}/events0\x01\x12p\n" +
@@ -2236,7 +2402,8 @@ const file_cairn_orchestrator_v1_orchestrator_proto_rawDesc = "" +
 	"\bListRuns\x12&.cairn.orchestrator.v1.ListRunsRequest\x1a'.cairn.orchestrator.v1.ListRunsResponse\"\x10\x82\xd3\xe4\x93\x02\n" +
 	"\x12\b/v1/runs\x12\x90\x01\n" +
 	"\rGetTrajectory\x12+.cairn.orchestrator.v1.GetTrajectoryRequest\x1a,.cairn.orchestrator.v1.GetTrajectoryResponse\"$\x82\xd3\xe4\x93\x02\x1e\x12\x1c/v1/runs/{run_id}/trajectory\x12\xb7\x01\n" +
-	"\x13ResolveConfirmation\x121.cairn.orchestrator.v1.ResolveConfirmationRequest\x1a2.cairn.orchestrator.v1.ResolveConfirmationResponse\"9\x82\xd3\xe4\x93\x023:\x01*\"./v1/confirmations/{confirmation_token}:resolve\x12\xa6\x01\n" +
+	"\x13ResolveConfirmation\x121.cairn.orchestrator.v1.ResolveConfirmationRequest\x1a2.cairn.orchestrator.v1.ResolveConfirmationResponse\"9\x82\xd3\xe4\x93\x023:\x01*\"./v1/confirmations/{confirmation_token}:resolve\x12\x83\x01\n" +
+	"\tCancelRun\x12'.cairn.orchestrator.v1.CancelRunRequest\x1a(.cairn.orchestrator.v1.CancelRunResponse\"#\x82\xd3\xe4\x93\x02\x1d:\x01*\"\x18/v1/runs/{run_id}:cancel\x12\xa6\x01\n" +
 	"\x18ListPendingConfirmations\x126.cairn.orchestrator.v1.ListPendingConfirmationsRequest\x1a7.cairn.orchestrator.v1.ListPendingConfirmationsResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/confirmations\x12u\n" +
 	"\n" +
 	"ListAgents\x12(.cairn.orchestrator.v1.ListAgentsRequest\x1a).cairn.orchestrator.v1.ListAgentsResponse\"\x12\x82\xd3\xe4\x93\x02\f\x12\n" +
@@ -2256,7 +2423,7 @@ func file_cairn_orchestrator_v1_orchestrator_proto_rawDescGZIP() []byte {
 }
 
 var file_cairn_orchestrator_v1_orchestrator_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_cairn_orchestrator_v1_orchestrator_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_cairn_orchestrator_v1_orchestrator_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_cairn_orchestrator_v1_orchestrator_proto_goTypes = []any{
 	(RunState)(0),                            // 0: cairn.orchestrator.v1.RunState
 	(TurnRole)(0),                            // 1: cairn.orchestrator.v1.TurnRole
@@ -2284,35 +2451,37 @@ var file_cairn_orchestrator_v1_orchestrator_proto_goTypes = []any{
 	(*GetTrajectoryResponse)(nil),            // 23: cairn.orchestrator.v1.GetTrajectoryResponse
 	(*ResolveConfirmationRequest)(nil),       // 24: cairn.orchestrator.v1.ResolveConfirmationRequest
 	(*ResolveConfirmationResponse)(nil),      // 25: cairn.orchestrator.v1.ResolveConfirmationResponse
-	(*ListPendingConfirmationsRequest)(nil),  // 26: cairn.orchestrator.v1.ListPendingConfirmationsRequest
-	(*ListPendingConfirmationsResponse)(nil), // 27: cairn.orchestrator.v1.ListPendingConfirmationsResponse
-	(*ListAgentsRequest)(nil),                // 28: cairn.orchestrator.v1.ListAgentsRequest
-	(*AgentBudgets)(nil),                     // 29: cairn.orchestrator.v1.AgentBudgets
-	(*Agent)(nil),                            // 30: cairn.orchestrator.v1.Agent
-	(*ListAgentsResponse)(nil),               // 31: cairn.orchestrator.v1.ListAgentsResponse
-	(*ForgetCopiesRequest)(nil),              // 32: cairn.orchestrator.v1.ForgetCopiesRequest
-	(*ForgetCopiesResponse)(nil),             // 33: cairn.orchestrator.v1.ForgetCopiesResponse
-	(*timestamppb.Timestamp)(nil),            // 34: google.protobuf.Timestamp
-	(*structpb.Struct)(nil),                  // 35: google.protobuf.Struct
-	(v1.Tier)(0),                             // 36: cairn.gateway.v1.Tier
-	(*v11.Subject)(nil),                      // 37: cairn.memory.v1.Subject
+	(*CancelRunRequest)(nil),                 // 26: cairn.orchestrator.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),                // 27: cairn.orchestrator.v1.CancelRunResponse
+	(*ListPendingConfirmationsRequest)(nil),  // 28: cairn.orchestrator.v1.ListPendingConfirmationsRequest
+	(*ListPendingConfirmationsResponse)(nil), // 29: cairn.orchestrator.v1.ListPendingConfirmationsResponse
+	(*ListAgentsRequest)(nil),                // 30: cairn.orchestrator.v1.ListAgentsRequest
+	(*AgentBudgets)(nil),                     // 31: cairn.orchestrator.v1.AgentBudgets
+	(*Agent)(nil),                            // 32: cairn.orchestrator.v1.Agent
+	(*ListAgentsResponse)(nil),               // 33: cairn.orchestrator.v1.ListAgentsResponse
+	(*ForgetCopiesRequest)(nil),              // 34: cairn.orchestrator.v1.ForgetCopiesRequest
+	(*ForgetCopiesResponse)(nil),             // 35: cairn.orchestrator.v1.ForgetCopiesResponse
+	(*timestamppb.Timestamp)(nil),            // 36: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),                  // 37: google.protobuf.Struct
+	(v1.Tier)(0),                             // 38: cairn.gateway.v1.Tier
+	(*v11.Subject)(nil),                      // 39: cairn.memory.v1.Subject
 }
 var file_cairn_orchestrator_v1_orchestrator_proto_depIdxs = []int32{
 	1,  // 0: cairn.orchestrator.v1.ConversationTurn.role:type_name -> cairn.orchestrator.v1.TurnRole
 	8,  // 1: cairn.orchestrator.v1.ConfirmationCard.details:type_name -> cairn.orchestrator.v1.CardDetail
 	9,  // 2: cairn.orchestrator.v1.PendingConfirmation.card:type_name -> cairn.orchestrator.v1.ConfirmationCard
-	34, // 3: cairn.orchestrator.v1.PendingConfirmation.created_at:type_name -> google.protobuf.Timestamp
-	34, // 4: cairn.orchestrator.v1.PendingConfirmation.expires_at:type_name -> google.protobuf.Timestamp
+	36, // 3: cairn.orchestrator.v1.PendingConfirmation.created_at:type_name -> google.protobuf.Timestamp
+	36, // 4: cairn.orchestrator.v1.PendingConfirmation.expires_at:type_name -> google.protobuf.Timestamp
 	0,  // 5: cairn.orchestrator.v1.Run.state:type_name -> cairn.orchestrator.v1.RunState
 	6,  // 6: cairn.orchestrator.v1.Run.citations:type_name -> cairn.orchestrator.v1.Citation
 	7,  // 7: cairn.orchestrator.v1.Run.usage:type_name -> cairn.orchestrator.v1.RunUsage
 	10, // 8: cairn.orchestrator.v1.Run.pending_confirmation:type_name -> cairn.orchestrator.v1.PendingConfirmation
-	34, // 9: cairn.orchestrator.v1.Run.created_at:type_name -> google.protobuf.Timestamp
-	34, // 10: cairn.orchestrator.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
+	36, // 9: cairn.orchestrator.v1.Run.created_at:type_name -> google.protobuf.Timestamp
+	36, // 10: cairn.orchestrator.v1.Run.updated_at:type_name -> google.protobuf.Timestamp
 	2,  // 11: cairn.orchestrator.v1.Step.kind:type_name -> cairn.orchestrator.v1.StepKind
-	34, // 12: cairn.orchestrator.v1.Step.started_at:type_name -> google.protobuf.Timestamp
-	34, // 13: cairn.orchestrator.v1.Step.finished_at:type_name -> google.protobuf.Timestamp
-	35, // 14: cairn.orchestrator.v1.Step.detail:type_name -> google.protobuf.Struct
+	36, // 12: cairn.orchestrator.v1.Step.started_at:type_name -> google.protobuf.Timestamp
+	36, // 13: cairn.orchestrator.v1.Step.finished_at:type_name -> google.protobuf.Timestamp
+	37, // 14: cairn.orchestrator.v1.Step.detail:type_name -> google.protobuf.Struct
 	12, // 15: cairn.orchestrator.v1.Step.error:type_name -> cairn.orchestrator.v1.StepError
 	5,  // 16: cairn.orchestrator.v1.StartRunRequest.messages:type_name -> cairn.orchestrator.v1.ConversationTurn
 	11, // 17: cairn.orchestrator.v1.StartRunResponse.run:type_name -> cairn.orchestrator.v1.Run
@@ -2320,38 +2489,42 @@ var file_cairn_orchestrator_v1_orchestrator_proto_depIdxs = []int32{
 	13, // 19: cairn.orchestrator.v1.StreamRunResponse.step:type_name -> cairn.orchestrator.v1.Step
 	11, // 20: cairn.orchestrator.v1.StreamRunResponse.run:type_name -> cairn.orchestrator.v1.Run
 	11, // 21: cairn.orchestrator.v1.GetRunResponse.run:type_name -> cairn.orchestrator.v1.Run
-	11, // 22: cairn.orchestrator.v1.ListRunsResponse.runs:type_name -> cairn.orchestrator.v1.Run
-	13, // 23: cairn.orchestrator.v1.GetTrajectoryResponse.steps:type_name -> cairn.orchestrator.v1.Step
-	4,  // 24: cairn.orchestrator.v1.ResolveConfirmationRequest.decision:type_name -> cairn.orchestrator.v1.Decision
-	11, // 25: cairn.orchestrator.v1.ResolveConfirmationResponse.run:type_name -> cairn.orchestrator.v1.Run
-	10, // 26: cairn.orchestrator.v1.ListPendingConfirmationsResponse.confirmations:type_name -> cairn.orchestrator.v1.PendingConfirmation
-	36, // 27: cairn.orchestrator.v1.Agent.tier:type_name -> cairn.gateway.v1.Tier
-	29, // 28: cairn.orchestrator.v1.Agent.budgets:type_name -> cairn.orchestrator.v1.AgentBudgets
-	30, // 29: cairn.orchestrator.v1.ListAgentsResponse.agents:type_name -> cairn.orchestrator.v1.Agent
-	37, // 30: cairn.orchestrator.v1.ForgetCopiesRequest.subject:type_name -> cairn.memory.v1.Subject
-	14, // 31: cairn.orchestrator.v1.OrchestratorService.StartRun:input_type -> cairn.orchestrator.v1.StartRunRequest
-	16, // 32: cairn.orchestrator.v1.OrchestratorService.StreamRun:input_type -> cairn.orchestrator.v1.StreamRunRequest
-	18, // 33: cairn.orchestrator.v1.OrchestratorService.GetRun:input_type -> cairn.orchestrator.v1.GetRunRequest
-	20, // 34: cairn.orchestrator.v1.OrchestratorService.ListRuns:input_type -> cairn.orchestrator.v1.ListRunsRequest
-	22, // 35: cairn.orchestrator.v1.OrchestratorService.GetTrajectory:input_type -> cairn.orchestrator.v1.GetTrajectoryRequest
-	24, // 36: cairn.orchestrator.v1.OrchestratorService.ResolveConfirmation:input_type -> cairn.orchestrator.v1.ResolveConfirmationRequest
-	26, // 37: cairn.orchestrator.v1.OrchestratorService.ListPendingConfirmations:input_type -> cairn.orchestrator.v1.ListPendingConfirmationsRequest
-	28, // 38: cairn.orchestrator.v1.OrchestratorService.ListAgents:input_type -> cairn.orchestrator.v1.ListAgentsRequest
-	32, // 39: cairn.orchestrator.v1.OrchestratorService.ForgetCopies:input_type -> cairn.orchestrator.v1.ForgetCopiesRequest
-	15, // 40: cairn.orchestrator.v1.OrchestratorService.StartRun:output_type -> cairn.orchestrator.v1.StartRunResponse
-	17, // 41: cairn.orchestrator.v1.OrchestratorService.StreamRun:output_type -> cairn.orchestrator.v1.StreamRunResponse
-	19, // 42: cairn.orchestrator.v1.OrchestratorService.GetRun:output_type -> cairn.orchestrator.v1.GetRunResponse
-	21, // 43: cairn.orchestrator.v1.OrchestratorService.ListRuns:output_type -> cairn.orchestrator.v1.ListRunsResponse
-	23, // 44: cairn.orchestrator.v1.OrchestratorService.GetTrajectory:output_type -> cairn.orchestrator.v1.GetTrajectoryResponse
-	25, // 45: cairn.orchestrator.v1.OrchestratorService.ResolveConfirmation:output_type -> cairn.orchestrator.v1.ResolveConfirmationResponse
-	27, // 46: cairn.orchestrator.v1.OrchestratorService.ListPendingConfirmations:output_type -> cairn.orchestrator.v1.ListPendingConfirmationsResponse
-	31, // 47: cairn.orchestrator.v1.OrchestratorService.ListAgents:output_type -> cairn.orchestrator.v1.ListAgentsResponse
-	33, // 48: cairn.orchestrator.v1.OrchestratorService.ForgetCopies:output_type -> cairn.orchestrator.v1.ForgetCopiesResponse
-	40, // [40:49] is the sub-list for method output_type
-	31, // [31:40] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	0,  // 22: cairn.orchestrator.v1.ListRunsRequest.state:type_name -> cairn.orchestrator.v1.RunState
+	11, // 23: cairn.orchestrator.v1.ListRunsResponse.runs:type_name -> cairn.orchestrator.v1.Run
+	13, // 24: cairn.orchestrator.v1.GetTrajectoryResponse.steps:type_name -> cairn.orchestrator.v1.Step
+	4,  // 25: cairn.orchestrator.v1.ResolveConfirmationRequest.decision:type_name -> cairn.orchestrator.v1.Decision
+	11, // 26: cairn.orchestrator.v1.ResolveConfirmationResponse.run:type_name -> cairn.orchestrator.v1.Run
+	11, // 27: cairn.orchestrator.v1.CancelRunResponse.run:type_name -> cairn.orchestrator.v1.Run
+	10, // 28: cairn.orchestrator.v1.ListPendingConfirmationsResponse.confirmations:type_name -> cairn.orchestrator.v1.PendingConfirmation
+	38, // 29: cairn.orchestrator.v1.Agent.tier:type_name -> cairn.gateway.v1.Tier
+	31, // 30: cairn.orchestrator.v1.Agent.budgets:type_name -> cairn.orchestrator.v1.AgentBudgets
+	32, // 31: cairn.orchestrator.v1.ListAgentsResponse.agents:type_name -> cairn.orchestrator.v1.Agent
+	39, // 32: cairn.orchestrator.v1.ForgetCopiesRequest.subject:type_name -> cairn.memory.v1.Subject
+	14, // 33: cairn.orchestrator.v1.OrchestratorService.StartRun:input_type -> cairn.orchestrator.v1.StartRunRequest
+	16, // 34: cairn.orchestrator.v1.OrchestratorService.StreamRun:input_type -> cairn.orchestrator.v1.StreamRunRequest
+	18, // 35: cairn.orchestrator.v1.OrchestratorService.GetRun:input_type -> cairn.orchestrator.v1.GetRunRequest
+	20, // 36: cairn.orchestrator.v1.OrchestratorService.ListRuns:input_type -> cairn.orchestrator.v1.ListRunsRequest
+	22, // 37: cairn.orchestrator.v1.OrchestratorService.GetTrajectory:input_type -> cairn.orchestrator.v1.GetTrajectoryRequest
+	24, // 38: cairn.orchestrator.v1.OrchestratorService.ResolveConfirmation:input_type -> cairn.orchestrator.v1.ResolveConfirmationRequest
+	26, // 39: cairn.orchestrator.v1.OrchestratorService.CancelRun:input_type -> cairn.orchestrator.v1.CancelRunRequest
+	28, // 40: cairn.orchestrator.v1.OrchestratorService.ListPendingConfirmations:input_type -> cairn.orchestrator.v1.ListPendingConfirmationsRequest
+	30, // 41: cairn.orchestrator.v1.OrchestratorService.ListAgents:input_type -> cairn.orchestrator.v1.ListAgentsRequest
+	34, // 42: cairn.orchestrator.v1.OrchestratorService.ForgetCopies:input_type -> cairn.orchestrator.v1.ForgetCopiesRequest
+	15, // 43: cairn.orchestrator.v1.OrchestratorService.StartRun:output_type -> cairn.orchestrator.v1.StartRunResponse
+	17, // 44: cairn.orchestrator.v1.OrchestratorService.StreamRun:output_type -> cairn.orchestrator.v1.StreamRunResponse
+	19, // 45: cairn.orchestrator.v1.OrchestratorService.GetRun:output_type -> cairn.orchestrator.v1.GetRunResponse
+	21, // 46: cairn.orchestrator.v1.OrchestratorService.ListRuns:output_type -> cairn.orchestrator.v1.ListRunsResponse
+	23, // 47: cairn.orchestrator.v1.OrchestratorService.GetTrajectory:output_type -> cairn.orchestrator.v1.GetTrajectoryResponse
+	25, // 48: cairn.orchestrator.v1.OrchestratorService.ResolveConfirmation:output_type -> cairn.orchestrator.v1.ResolveConfirmationResponse
+	27, // 49: cairn.orchestrator.v1.OrchestratorService.CancelRun:output_type -> cairn.orchestrator.v1.CancelRunResponse
+	29, // 50: cairn.orchestrator.v1.OrchestratorService.ListPendingConfirmations:output_type -> cairn.orchestrator.v1.ListPendingConfirmationsResponse
+	33, // 51: cairn.orchestrator.v1.OrchestratorService.ListAgents:output_type -> cairn.orchestrator.v1.ListAgentsResponse
+	35, // 52: cairn.orchestrator.v1.OrchestratorService.ForgetCopies:output_type -> cairn.orchestrator.v1.ForgetCopiesResponse
+	43, // [43:53] is the sub-list for method output_type
+	33, // [33:43] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_cairn_orchestrator_v1_orchestrator_proto_init() }
@@ -2365,7 +2538,7 @@ func file_cairn_orchestrator_v1_orchestrator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cairn_orchestrator_v1_orchestrator_proto_rawDesc), len(file_cairn_orchestrator_v1_orchestrator_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   29,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -28,6 +28,7 @@ const (
 	OrchestratorService_ListRuns_FullMethodName                 = "/cairn.orchestrator.v1.OrchestratorService/ListRuns"
 	OrchestratorService_GetTrajectory_FullMethodName            = "/cairn.orchestrator.v1.OrchestratorService/GetTrajectory"
 	OrchestratorService_ResolveConfirmation_FullMethodName      = "/cairn.orchestrator.v1.OrchestratorService/ResolveConfirmation"
+	OrchestratorService_CancelRun_FullMethodName                = "/cairn.orchestrator.v1.OrchestratorService/CancelRun"
 	OrchestratorService_ListPendingConfirmations_FullMethodName = "/cairn.orchestrator.v1.OrchestratorService/ListPendingConfirmations"
 	OrchestratorService_ListAgents_FullMethodName               = "/cairn.orchestrator.v1.OrchestratorService/ListAgents"
 	OrchestratorService_ForgetCopies_FullMethodName             = "/cairn.orchestrator.v1.OrchestratorService/ForgetCopies"
@@ -48,6 +49,11 @@ type OrchestratorServiceClient interface {
 	GetTrajectory(ctx context.Context, in *GetTrajectoryRequest, opts ...grpc.CallOption) (*GetTrajectoryResponse, error)
 	// A person approves or denies a proposed write.
 	ResolveConfirmation(ctx context.Context, in *ResolveConfirmationRequest, opts ...grpc.CallOption) (*ResolveConfirmationResponse, error)
+	// A person stops a run: its in-flight model call is cancelled and its pending
+	// confirmation can no longer be approved. A write already approved and started
+	// completes or not exactly once, and the trajectory says which. Cancelling a run
+	// that has already ended is FAILED_PRECONDITION naming its state.
+	CancelRun(ctx context.Context, in *CancelRunRequest, opts ...grpc.CallOption) (*CancelRunResponse, error)
 	ListPendingConfirmations(ctx context.Context, in *ListPendingConfirmationsRequest, opts ...grpc.CallOption) (*ListPendingConfirmationsResponse, error)
 	ListAgents(ctx context.Context, in *ListAgentsRequest, opts ...grpc.CallOption) (*ListAgentsResponse, error)
 	// Erase every copy this service holds of what its runs read or proposed about a
@@ -135,6 +141,16 @@ func (c *orchestratorServiceClient) ResolveConfirmation(ctx context.Context, in 
 	return out, nil
 }
 
+func (c *orchestratorServiceClient) CancelRun(ctx context.Context, in *CancelRunRequest, opts ...grpc.CallOption) (*CancelRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CancelRunResponse)
+	err := c.cc.Invoke(ctx, OrchestratorService_CancelRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *orchestratorServiceClient) ListPendingConfirmations(ctx context.Context, in *ListPendingConfirmationsRequest, opts ...grpc.CallOption) (*ListPendingConfirmationsResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListPendingConfirmationsResponse)
@@ -180,6 +196,11 @@ type OrchestratorServiceServer interface {
 	GetTrajectory(context.Context, *GetTrajectoryRequest) (*GetTrajectoryResponse, error)
 	// A person approves or denies a proposed write.
 	ResolveConfirmation(context.Context, *ResolveConfirmationRequest) (*ResolveConfirmationResponse, error)
+	// A person stops a run: its in-flight model call is cancelled and its pending
+	// confirmation can no longer be approved. A write already approved and started
+	// completes or not exactly once, and the trajectory says which. Cancelling a run
+	// that has already ended is FAILED_PRECONDITION naming its state.
+	CancelRun(context.Context, *CancelRunRequest) (*CancelRunResponse, error)
 	ListPendingConfirmations(context.Context, *ListPendingConfirmationsRequest) (*ListPendingConfirmationsResponse, error)
 	ListAgents(context.Context, *ListAgentsRequest) (*ListAgentsResponse, error)
 	// Erase every copy this service holds of what its runs read or proposed about a
@@ -215,6 +236,9 @@ func (UnimplementedOrchestratorServiceServer) GetTrajectory(context.Context, *Ge
 }
 func (UnimplementedOrchestratorServiceServer) ResolveConfirmation(context.Context, *ResolveConfirmationRequest) (*ResolveConfirmationResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResolveConfirmation not implemented")
+}
+func (UnimplementedOrchestratorServiceServer) CancelRun(context.Context, *CancelRunRequest) (*CancelRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelRun not implemented")
 }
 func (UnimplementedOrchestratorServiceServer) ListPendingConfirmations(context.Context, *ListPendingConfirmationsRequest) (*ListPendingConfirmationsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListPendingConfirmations not implemented")
@@ -347,6 +371,24 @@ func _OrchestratorService_ResolveConfirmation_Handler(srv interface{}, ctx conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _OrchestratorService_CancelRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OrchestratorServiceServer).CancelRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: OrchestratorService_CancelRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OrchestratorServiceServer).CancelRun(ctx, req.(*CancelRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _OrchestratorService_ListPendingConfirmations_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListPendingConfirmationsRequest)
 	if err := dec(in); err != nil {
@@ -427,6 +469,10 @@ var OrchestratorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResolveConfirmation",
 			Handler:    _OrchestratorService_ResolveConfirmation_Handler,
+		},
+		{
+			MethodName: "CancelRun",
+			Handler:    _OrchestratorService_CancelRun_Handler,
 		},
 		{
 			MethodName: "ListPendingConfirmations",

@@ -564,7 +564,12 @@ type SearchRequest struct {
 	// Required and non-empty; an agent's sources come from its spec, never the model.
 	Sources []string `protobuf:"bytes,2,rep,name=sources,proto3" json:"sources,omitempty"`
 	// Results wanted; 0 means the default of 4.
-	K             int32 `protobuf:"varint,3,opt,name=k,proto3" json:"k,omitempty"`
+	K int32 `protobuf:"varint,3,opt,name=k,proto3" json:"k,omitempty"`
+	// The mode asked for: UNSPECIFIED or HYBRID is hybrid (falling back to
+	// KEYWORD_ONLY, with the reason, when dense search cannot run); KEYWORD_ONLY or
+	// DENSE_ONLY runs only that half. DENSE_ONLY without an embedder is
+	// FAILED_PRECONDITION. The response states the mode that ran and why.
+	Mode          SearchMode `protobuf:"varint,4,opt,name=mode,proto3,enum=cairn.retrieval.v1.SearchMode" json:"mode,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -618,6 +623,13 @@ func (x *SearchRequest) GetK() int32 {
 		return x.K
 	}
 	return 0
+}
+
+func (x *SearchRequest) GetMode() SearchMode {
+	if x != nil {
+		return x.Mode
+	}
+	return SearchMode_SEARCH_MODE_UNSPECIFIED
 }
 
 type SearchResult struct {
@@ -815,6 +827,95 @@ func (x *SearchResponse) GetModeReason() string {
 	return ""
 }
 
+type GetDocumentRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	DocumentId    string                 `protobuf:"bytes,1,opt,name=document_id,json=documentId,proto3" json:"document_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetDocumentRequest) Reset() {
+	*x = GetDocumentRequest{}
+	mi := &file_cairn_retrieval_v1_retrieval_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetDocumentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetDocumentRequest) ProtoMessage() {}
+
+func (x *GetDocumentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cairn_retrieval_v1_retrieval_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetDocumentRequest.ProtoReflect.Descriptor instead.
+func (*GetDocumentRequest) Descriptor() ([]byte, []int) {
+	return file_cairn_retrieval_v1_retrieval_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *GetDocumentRequest) GetDocumentId() string {
+	if x != nil {
+		return x.DocumentId
+	}
+	return ""
+}
+
+type GetDocumentResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The document as ingested; acl is only shown to ingesters of its org.
+	Document      *Document `protobuf:"bytes,1,opt,name=document,proto3" json:"document,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetDocumentResponse) Reset() {
+	*x = GetDocumentResponse{}
+	mi := &file_cairn_retrieval_v1_retrieval_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetDocumentResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetDocumentResponse) ProtoMessage() {}
+
+func (x *GetDocumentResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cairn_retrieval_v1_retrieval_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetDocumentResponse.ProtoReflect.Descriptor instead.
+func (*GetDocumentResponse) Descriptor() ([]byte, []int) {
+	return file_cairn_retrieval_v1_retrieval_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *GetDocumentResponse) GetDocument() *Document {
+	if x != nil {
+		return x.Document
+	}
+	return nil
+}
+
 type StatsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -823,7 +924,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_cairn_retrieval_v1_retrieval_proto_msgTypes[10]
+	mi := &file_cairn_retrieval_v1_retrieval_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -835,7 +936,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cairn_retrieval_v1_retrieval_proto_msgTypes[10]
+	mi := &file_cairn_retrieval_v1_retrieval_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -848,7 +949,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_cairn_retrieval_v1_retrieval_proto_rawDescGZIP(), []int{10}
+	return file_cairn_retrieval_v1_retrieval_proto_rawDescGZIP(), []int{12}
 }
 
 type SourceStats struct {
@@ -863,7 +964,7 @@ type SourceStats struct {
 
 func (x *SourceStats) Reset() {
 	*x = SourceStats{}
-	mi := &file_cairn_retrieval_v1_retrieval_proto_msgTypes[11]
+	mi := &file_cairn_retrieval_v1_retrieval_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -875,7 +976,7 @@ func (x *SourceStats) String() string {
 func (*SourceStats) ProtoMessage() {}
 
 func (x *SourceStats) ProtoReflect() protoreflect.Message {
-	mi := &file_cairn_retrieval_v1_retrieval_proto_msgTypes[11]
+	mi := &file_cairn_retrieval_v1_retrieval_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -888,7 +989,7 @@ func (x *SourceStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SourceStats.ProtoReflect.Descriptor instead.
 func (*SourceStats) Descriptor() ([]byte, []int) {
-	return file_cairn_retrieval_v1_retrieval_proto_rawDescGZIP(), []int{11}
+	return file_cairn_retrieval_v1_retrieval_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SourceStats) GetSource() string {
@@ -933,7 +1034,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_cairn_retrieval_v1_retrieval_proto_msgTypes[12]
+	mi := &file_cairn_retrieval_v1_retrieval_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -945,7 +1046,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cairn_retrieval_v1_retrieval_proto_msgTypes[12]
+	mi := &file_cairn_retrieval_v1_retrieval_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -958,7 +1059,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_cairn_retrieval_v1_retrieval_proto_rawDescGZIP(), []int{12}
+	return file_cairn_retrieval_v1_retrieval_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StatsResponse) GetSources() []*SourceStats {
@@ -1031,11 +1132,12 @@ const file_cairn_retrieval_v1_retrieval_proto_rawDesc = "" +
 	"\vdocument_id\x18\x01 \x01(\tR\n" +
 	"documentId\"?\n" +
 	"\x16DeleteDocumentResponse\x12%\n" +
-	"\x0echunks_removed\x18\x01 \x01(\x05R\rchunksRemoved\"M\n" +
+	"\x0echunks_removed\x18\x01 \x01(\x05R\rchunksRemoved\"\x81\x01\n" +
 	"\rSearchRequest\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x18\n" +
 	"\asources\x18\x02 \x03(\tR\asources\x12\f\n" +
-	"\x01k\x18\x03 \x01(\x05R\x01k\"\xe9\x02\n" +
+	"\x01k\x18\x03 \x01(\x05R\x01k\x122\n" +
+	"\x04mode\x18\x04 \x01(\x0e2\x1e.cairn.retrieval.v1.SearchModeR\x04mode\"\xe9\x02\n" +
 	"\fSearchResult\x12\x1f\n" +
 	"\vdocument_id\x18\x01 \x01(\tR\n" +
 	"documentId\x12\x19\n" +
@@ -1060,7 +1162,12 @@ const file_cairn_retrieval_v1_retrieval_proto_rawDesc = "" +
 	"\aresults\x18\x01 \x03(\v2 .cairn.retrieval.v1.SearchResultR\aresults\x122\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x1e.cairn.retrieval.v1.SearchModeR\x04mode\x12\x1f\n" +
 	"\vmode_reason\x18\x03 \x01(\tR\n" +
-	"modeReason\"\x0e\n" +
+	"modeReason\"5\n" +
+	"\x12GetDocumentRequest\x12\x1f\n" +
+	"\vdocument_id\x18\x01 \x01(\tR\n" +
+	"documentId\"O\n" +
+	"\x13GetDocumentResponse\x128\n" +
+	"\bdocument\x18\x01 \x01(\v2\x1c.cairn.retrieval.v1.DocumentR\bdocument\"\x0e\n" +
 	"\fStatsRequest\"\x84\x01\n" +
 	"\vSourceStats\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x1c\n" +
@@ -1084,11 +1191,12 @@ const file_cairn_retrieval_v1_retrieval_proto_rawDesc = "" +
 	"\x17SEARCH_MODE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12SEARCH_MODE_HYBRID\x10\x01\x12\x1c\n" +
 	"\x18SEARCH_MODE_KEYWORD_ONLY\x10\x02\x12\x1a\n" +
-	"\x16SEARCH_MODE_DENSE_ONLY\x10\x032\xa2\x04\n" +
+	"\x16SEARCH_MODE_DENSE_ONLY\x10\x032\xb2\x05\n" +
 	"\x10RetrievalService\x12\x97\x01\n" +
 	"\x0fIngestDocuments\x12*.cairn.retrieval.v1.IngestDocumentsRequest\x1a+.cairn.retrieval.v1.IngestDocumentsResponse\")\x82\xd3\xe4\x93\x02#:\x01*\"\x1e/v1/retrieval/documents:ingest0\x01\x12\x96\x01\n" +
 	"\x0eDeleteDocument\x12).cairn.retrieval.v1.DeleteDocumentRequest\x1a*.cairn.retrieval.v1.DeleteDocumentResponse\"-\x82\xd3\xe4\x93\x02'*%/v1/retrieval/documents/{document_id}\x12p\n" +
-	"\x06Search\x12!.cairn.retrieval.v1.SearchRequest\x1a\".cairn.retrieval.v1.SearchResponse\"\x1f\x82\xd3\xe4\x93\x02\x19:\x01*\"\x14/v1/retrieval/search\x12i\n" +
+	"\x06Search\x12!.cairn.retrieval.v1.SearchRequest\x1a\".cairn.retrieval.v1.SearchResponse\"\x1f\x82\xd3\xe4\x93\x02\x19:\x01*\"\x14/v1/retrieval/search\x12\x8d\x01\n" +
+	"\vGetDocument\x12&.cairn.retrieval.v1.GetDocumentRequest\x1a'.cairn.retrieval.v1.GetDocumentResponse\"-\x82\xd3\xe4\x93\x02'\x12%/v1/retrieval/documents/{document_id}\x12i\n" +
 	"\x05Stats\x12 .cairn.retrieval.v1.StatsRequest\x1a!.cairn.retrieval.v1.StatsResponse\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/v1/retrieval/statsB-Z+cairn/gen/go/cairn/retrieval/v1;retrievalv1b\x06proto3"
 
 var (
@@ -1104,7 +1212,7 @@ func file_cairn_retrieval_v1_retrieval_proto_rawDescGZIP() []byte {
 }
 
 var file_cairn_retrieval_v1_retrieval_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_cairn_retrieval_v1_retrieval_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_cairn_retrieval_v1_retrieval_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_cairn_retrieval_v1_retrieval_proto_goTypes = []any{
 	(DocumentOutcome)(0),            // 0: cairn.retrieval.v1.DocumentOutcome
 	(SearchMode)(0),                 // 1: cairn.retrieval.v1.SearchMode
@@ -1118,33 +1226,39 @@ var file_cairn_retrieval_v1_retrieval_proto_goTypes = []any{
 	(*SearchRequest)(nil),           // 9: cairn.retrieval.v1.SearchRequest
 	(*SearchResult)(nil),            // 10: cairn.retrieval.v1.SearchResult
 	(*SearchResponse)(nil),          // 11: cairn.retrieval.v1.SearchResponse
-	(*StatsRequest)(nil),            // 12: cairn.retrieval.v1.StatsRequest
-	(*SourceStats)(nil),             // 13: cairn.retrieval.v1.SourceStats
-	(*StatsResponse)(nil),           // 14: cairn.retrieval.v1.StatsResponse
-	(*structpb.Struct)(nil),         // 15: google.protobuf.Struct
+	(*GetDocumentRequest)(nil),      // 12: cairn.retrieval.v1.GetDocumentRequest
+	(*GetDocumentResponse)(nil),     // 13: cairn.retrieval.v1.GetDocumentResponse
+	(*StatsRequest)(nil),            // 14: cairn.retrieval.v1.StatsRequest
+	(*SourceStats)(nil),             // 15: cairn.retrieval.v1.SourceStats
+	(*StatsResponse)(nil),           // 16: cairn.retrieval.v1.StatsResponse
+	(*structpb.Struct)(nil),         // 17: google.protobuf.Struct
 }
 var file_cairn_retrieval_v1_retrieval_proto_depIdxs = []int32{
 	2,  // 0: cairn.retrieval.v1.Document.acl:type_name -> cairn.retrieval.v1.Acl
-	15, // 1: cairn.retrieval.v1.Document.metadata:type_name -> google.protobuf.Struct
+	17, // 1: cairn.retrieval.v1.Document.metadata:type_name -> google.protobuf.Struct
 	3,  // 2: cairn.retrieval.v1.IngestDocumentsRequest.documents:type_name -> cairn.retrieval.v1.Document
 	0,  // 3: cairn.retrieval.v1.DocumentResult.outcome:type_name -> cairn.retrieval.v1.DocumentOutcome
 	5,  // 4: cairn.retrieval.v1.IngestDocumentsResponse.result:type_name -> cairn.retrieval.v1.DocumentResult
-	10, // 5: cairn.retrieval.v1.SearchResponse.results:type_name -> cairn.retrieval.v1.SearchResult
-	1,  // 6: cairn.retrieval.v1.SearchResponse.mode:type_name -> cairn.retrieval.v1.SearchMode
-	13, // 7: cairn.retrieval.v1.StatsResponse.sources:type_name -> cairn.retrieval.v1.SourceStats
-	4,  // 8: cairn.retrieval.v1.RetrievalService.IngestDocuments:input_type -> cairn.retrieval.v1.IngestDocumentsRequest
-	7,  // 9: cairn.retrieval.v1.RetrievalService.DeleteDocument:input_type -> cairn.retrieval.v1.DeleteDocumentRequest
-	9,  // 10: cairn.retrieval.v1.RetrievalService.Search:input_type -> cairn.retrieval.v1.SearchRequest
-	12, // 11: cairn.retrieval.v1.RetrievalService.Stats:input_type -> cairn.retrieval.v1.StatsRequest
-	6,  // 12: cairn.retrieval.v1.RetrievalService.IngestDocuments:output_type -> cairn.retrieval.v1.IngestDocumentsResponse
-	8,  // 13: cairn.retrieval.v1.RetrievalService.DeleteDocument:output_type -> cairn.retrieval.v1.DeleteDocumentResponse
-	11, // 14: cairn.retrieval.v1.RetrievalService.Search:output_type -> cairn.retrieval.v1.SearchResponse
-	14, // 15: cairn.retrieval.v1.RetrievalService.Stats:output_type -> cairn.retrieval.v1.StatsResponse
-	12, // [12:16] is the sub-list for method output_type
-	8,  // [8:12] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	1,  // 5: cairn.retrieval.v1.SearchRequest.mode:type_name -> cairn.retrieval.v1.SearchMode
+	10, // 6: cairn.retrieval.v1.SearchResponse.results:type_name -> cairn.retrieval.v1.SearchResult
+	1,  // 7: cairn.retrieval.v1.SearchResponse.mode:type_name -> cairn.retrieval.v1.SearchMode
+	3,  // 8: cairn.retrieval.v1.GetDocumentResponse.document:type_name -> cairn.retrieval.v1.Document
+	15, // 9: cairn.retrieval.v1.StatsResponse.sources:type_name -> cairn.retrieval.v1.SourceStats
+	4,  // 10: cairn.retrieval.v1.RetrievalService.IngestDocuments:input_type -> cairn.retrieval.v1.IngestDocumentsRequest
+	7,  // 11: cairn.retrieval.v1.RetrievalService.DeleteDocument:input_type -> cairn.retrieval.v1.DeleteDocumentRequest
+	9,  // 12: cairn.retrieval.v1.RetrievalService.Search:input_type -> cairn.retrieval.v1.SearchRequest
+	12, // 13: cairn.retrieval.v1.RetrievalService.GetDocument:input_type -> cairn.retrieval.v1.GetDocumentRequest
+	14, // 14: cairn.retrieval.v1.RetrievalService.Stats:input_type -> cairn.retrieval.v1.StatsRequest
+	6,  // 15: cairn.retrieval.v1.RetrievalService.IngestDocuments:output_type -> cairn.retrieval.v1.IngestDocumentsResponse
+	8,  // 16: cairn.retrieval.v1.RetrievalService.DeleteDocument:output_type -> cairn.retrieval.v1.DeleteDocumentResponse
+	11, // 17: cairn.retrieval.v1.RetrievalService.Search:output_type -> cairn.retrieval.v1.SearchResponse
+	13, // 18: cairn.retrieval.v1.RetrievalService.GetDocument:output_type -> cairn.retrieval.v1.GetDocumentResponse
+	16, // 19: cairn.retrieval.v1.RetrievalService.Stats:output_type -> cairn.retrieval.v1.StatsResponse
+	15, // [15:20] is the sub-list for method output_type
+	10, // [10:15] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_cairn_retrieval_v1_retrieval_proto_init() }
@@ -1158,7 +1272,7 @@ func file_cairn_retrieval_v1_retrieval_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cairn_retrieval_v1_retrieval_proto_rawDesc), len(file_cairn_retrieval_v1_retrieval_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

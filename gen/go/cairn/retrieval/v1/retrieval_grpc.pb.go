@@ -25,6 +25,7 @@ const (
 	RetrievalService_IngestDocuments_FullMethodName = "/cairn.retrieval.v1.RetrievalService/IngestDocuments"
 	RetrievalService_DeleteDocument_FullMethodName  = "/cairn.retrieval.v1.RetrievalService/DeleteDocument"
 	RetrievalService_Search_FullMethodName          = "/cairn.retrieval.v1.RetrievalService/Search"
+	RetrievalService_GetDocument_FullMethodName     = "/cairn.retrieval.v1.RetrievalService/GetDocument"
 	RetrievalService_Stats_FullMethodName           = "/cairn.retrieval.v1.RetrievalService/Stats"
 )
 
@@ -38,6 +39,9 @@ type RetrievalServiceClient interface {
 	DeleteDocument(ctx context.Context, in *DeleteDocumentRequest, opts ...grpc.CallOption) (*DeleteDocumentResponse, error)
 	// Search within the caller's visible set. The result states its mode.
 	Search(ctx context.Context, in *SearchRequest, opts ...grpc.CallOption) (*SearchResponse, error)
+	// One document the caller may read, with its text, so a citation can be opened.
+	// A document the caller may not read is NOT_FOUND, exactly as one that does not exist.
+	GetDocument(ctx context.Context, in *GetDocumentRequest, opts ...grpc.CallOption) (*GetDocumentResponse, error)
 	// Per source: documents, chunks and embedded chunks of the caller's org.
 	Stats(ctx context.Context, in *StatsRequest, opts ...grpc.CallOption) (*StatsResponse, error)
 }
@@ -89,6 +93,16 @@ func (c *retrievalServiceClient) Search(ctx context.Context, in *SearchRequest, 
 	return out, nil
 }
 
+func (c *retrievalServiceClient) GetDocument(ctx context.Context, in *GetDocumentRequest, opts ...grpc.CallOption) (*GetDocumentResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetDocumentResponse)
+	err := c.cc.Invoke(ctx, RetrievalService_GetDocument_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *retrievalServiceClient) Stats(ctx context.Context, in *StatsRequest, opts ...grpc.CallOption) (*StatsResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(StatsResponse)
@@ -109,6 +123,9 @@ type RetrievalServiceServer interface {
 	DeleteDocument(context.Context, *DeleteDocumentRequest) (*DeleteDocumentResponse, error)
 	// Search within the caller's visible set. The result states its mode.
 	Search(context.Context, *SearchRequest) (*SearchResponse, error)
+	// One document the caller may read, with its text, so a citation can be opened.
+	// A document the caller may not read is NOT_FOUND, exactly as one that does not exist.
+	GetDocument(context.Context, *GetDocumentRequest) (*GetDocumentResponse, error)
 	// Per source: documents, chunks and embedded chunks of the caller's org.
 	Stats(context.Context, *StatsRequest) (*StatsResponse, error)
 	mustEmbedUnimplementedRetrievalServiceServer()
@@ -129,6 +146,9 @@ func (UnimplementedRetrievalServiceServer) DeleteDocument(context.Context, *Dele
 }
 func (UnimplementedRetrievalServiceServer) Search(context.Context, *SearchRequest) (*SearchResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Search not implemented")
+}
+func (UnimplementedRetrievalServiceServer) GetDocument(context.Context, *GetDocumentRequest) (*GetDocumentResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetDocument not implemented")
 }
 func (UnimplementedRetrievalServiceServer) Stats(context.Context, *StatsRequest) (*StatsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Stats not implemented")
@@ -201,6 +221,24 @@ func _RetrievalService_Search_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RetrievalService_GetDocument_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetDocumentRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RetrievalServiceServer).GetDocument(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RetrievalService_GetDocument_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RetrievalServiceServer).GetDocument(ctx, req.(*GetDocumentRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _RetrievalService_Stats_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(StatsRequest)
 	if err := dec(in); err != nil {
@@ -233,6 +271,10 @@ var RetrievalService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Search",
 			Handler:    _RetrievalService_Search_Handler,
+		},
+		{
+			MethodName: "GetDocument",
+			Handler:    _RetrievalService_GetDocument_Handler,
 		},
 		{
 			MethodName: "Stats",

@@ -257,7 +257,15 @@ class ConfirmationCard(_message.Message):
     SUMMARY_FIELD_NUMBER: _builtins.int
     DETAILS_FIELD_NUMBER: _builtins.int
     WARNINGS_FIELD_NUMBER: _builtins.int
+    LANGUAGE_FIELD_NUMBER: _builtins.int
+    LANGUAGE_FALLBACK_FIELD_NUMBER: _builtins.int
     summary: _builtins.str
+    language: _builtins.str
+    """The language the card is written in (BCP 47: "en" or "zh-Hans")."""
+    language_fallback: _builtins.bool
+    """True when the run asked for a language the tool has no card text in, so the
+    card fell back to English.
+    """
     @_builtins.property
     def details(self) -> _containers.RepeatedCompositeFieldContainer[Global___CardDetail]: ...
     @_builtins.property
@@ -268,10 +276,12 @@ class ConfirmationCard(_message.Message):
         summary: _builtins.str = ...,
         details: _abc.Iterable[Global___CardDetail] | None = ...,
         warnings: _abc.Iterable[_builtins.str] | None = ...,
+        language: _builtins.str = ...,
+        language_fallback: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["details", b"details", "summary", b"summary", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["details", b"details", "language", b"language", "language_fallback", b"language_fallback", "summary", b"summary", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -332,6 +342,8 @@ class Run(_message.Message):
     PENDING_CONFIRMATION_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
+    CANCELLED_BY_FIELD_NUMBER: _builtins.int
+    LANGUAGE_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     agent: _builtins.str
     state: Global___RunState.ValueType
@@ -342,6 +354,10 @@ class Run(_message.Message):
     conversation_id: _builtins.str
     user_id: _builtins.str
     trace_id: _builtins.str
+    cancelled_by: _builtins.str
+    """Set for CANCELLED by CancelRun: the user id of the person who cancelled."""
+    language: _builtins.str
+    """The language the run was asked in (BCP 47, "en" or "zh-Hans"); cards follow it."""
     @_builtins.property
     def citations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Citation]: ...
     @_builtins.property
@@ -369,10 +385,12 @@ class Run(_message.Message):
         pending_confirmation: Global___PendingConfirmation | None = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
+        cancelled_by: _builtins.str = ...,
+        language: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "pending_confirmation", b"pending_confirmation", "updated_at", b"updated_at", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "answer", b"answer", "citations", b"citations", "conversation_id", b"conversation_id", "created_at", b"created_at", "input", b"input", "pending_confirmation", b"pending_confirmation", "reason", b"reason", "run_id", b"run_id", "state", b"state", "trace_id", b"trace_id", "updated_at", b"updated_at", "usage", b"usage", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "answer", b"answer", "cancelled_by", b"cancelled_by", "citations", b"citations", "conversation_id", b"conversation_id", "created_at", b"created_at", "input", b"input", "language", b"language", "pending_confirmation", b"pending_confirmation", "reason", b"reason", "run_id", b"run_id", "state", b"state", "trace_id", b"trace_id", "updated_at", b"updated_at", "usage", b"usage", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -459,9 +477,15 @@ class StartRunRequest(_message.Message):
     INPUT_FIELD_NUMBER: _builtins.int
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
+    LANGUAGE_FIELD_NUMBER: _builtins.int
     agent: _builtins.str
     input: _builtins.str
     conversation_id: _builtins.str
+    language: _builtins.str
+    """The person's preferred language, BCP 47 (e.g. "en", "zh-Hans", "zh-CN").
+    Confirmation cards are written in it where the tool has text in it; empty
+    means English.
+    """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConversationTurn]: ...
     def __init__(
@@ -471,10 +495,11 @@ class StartRunRequest(_message.Message):
         input: _builtins.str = ...,
         conversation_id: _builtins.str = ...,
         messages: _abc.Iterable[Global___ConversationTurn] | None = ...,
+        language: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "conversation_id", b"conversation_id", "input", b"input", "messages", b"messages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "conversation_id", b"conversation_id", "input", b"input", "language", b"language", "messages", b"messages"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -594,17 +619,21 @@ class ListRunsRequest(_message.Message):
 
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
     page_token: _builtins.str
+    state: Global___RunState.ValueType
+    """Only runs in this state; UNSPECIFIED lists every state."""
     def __init__(
         self,
         *,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        state: Global___RunState.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -722,6 +751,49 @@ class ResolveConfirmationResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ResolveConfirmationResponse: _TypeAlias = ResolveConfirmationResponse  # noqa: Y015
+
+@_typing.final
+class CancelRunRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    reason: _builtins.str
+    """Why, in the person's words; kept in the run's reason."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelRunRequest: _TypeAlias = CancelRunRequest  # noqa: Y015
+
+@_typing.final
+class CancelRunResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def run(self) -> Global___Run: ...
+    def __init__(
+        self,
+        *,
+        run: Global___Run | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelRunResponse: _TypeAlias = CancelRunResponse  # noqa: Y015
 
 @_typing.final
 class ListPendingConfirmationsRequest(_message.Message):

@@ -64,6 +64,11 @@ class OrchestratorServiceStub:
                 request_serializer=cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.ResolveConfirmationRequest.SerializeToString,
                 response_deserializer=cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.ResolveConfirmationResponse.FromString,
                 _registered_method=True)
+        self.CancelRun = channel.unary_unary(
+                '/cairn.orchestrator.v1.OrchestratorService/CancelRun',
+                request_serializer=cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.CancelRunRequest.SerializeToString,
+                response_deserializer=cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.CancelRunResponse.FromString,
+                _registered_method=True)
         self.ListPendingConfirmations = channel.unary_unary(
                 '/cairn.orchestrator.v1.OrchestratorService/ListPendingConfirmations',
                 request_serializer=cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.ListPendingConfirmationsRequest.SerializeToString,
@@ -125,6 +130,16 @@ class OrchestratorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelRun(self, request, context):
+        """A person stops a run: its in-flight model call is cancelled and its pending
+        confirmation can no longer be approved. A write already approved and started
+        completes or not exactly once, and the trajectory says which. Cancelling a run
+        that has already ended is FAILED_PRECONDITION naming its state.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListPendingConfirmations(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -180,6 +195,11 @@ def add_OrchestratorServiceServicer_to_server(servicer, server):
                     servicer.ResolveConfirmation,
                     request_deserializer=cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.ResolveConfirmationRequest.FromString,
                     response_serializer=cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.ResolveConfirmationResponse.SerializeToString,
+            ),
+            'CancelRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelRun,
+                    request_deserializer=cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.CancelRunRequest.FromString,
+                    response_serializer=cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.CancelRunResponse.SerializeToString,
             ),
             'ListPendingConfirmations': grpc.unary_unary_rpc_method_handler(
                     servicer.ListPendingConfirmations,
@@ -359,6 +379,33 @@ class OrchestratorService:
             '/cairn.orchestrator.v1.OrchestratorService/ResolveConfirmation',
             cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.ResolveConfirmationRequest.SerializeToString,
             cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.ResolveConfirmationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cairn.orchestrator.v1.OrchestratorService/CancelRun',
+            cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.CancelRunRequest.SerializeToString,
+            cairn_dot_orchestrator_dot_v1_dot_orchestrator__pb2.CancelRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

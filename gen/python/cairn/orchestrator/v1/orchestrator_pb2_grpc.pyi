@@ -44,6 +44,12 @@ class OrchestratorServiceStub:
     """Every step of a run, in order, each with its span id."""
     ResolveConfirmation: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ResolveConfirmationRequest, _orchestrator_pb2.ResolveConfirmationResponse]
     """A person approves or denies a proposed write."""
+    CancelRun: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.CancelRunRequest, _orchestrator_pb2.CancelRunResponse]
+    """A person stops a run: its in-flight model call is cancelled and its pending
+    confirmation can no longer be approved. A write already approved and started
+    completes or not exactly once, and the trajectory says which. Cancelling a run
+    that has already ended is FAILED_PRECONDITION naming its state.
+    """
     ListPendingConfirmations: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ListPendingConfirmationsRequest, _orchestrator_pb2.ListPendingConfirmationsResponse]
     ListAgents: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ListAgentsRequest, _orchestrator_pb2.ListAgentsResponse]
     ForgetCopies: _grpc.UnaryUnaryMultiCallable[_orchestrator_pb2.ForgetCopiesRequest, _orchestrator_pb2.ForgetCopiesResponse]
@@ -68,6 +74,12 @@ class OrchestratorServiceAsyncStub(OrchestratorServiceStub):
     """Every step of a run, in order, each with its span id."""
     ResolveConfirmation: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ResolveConfirmationRequest, _orchestrator_pb2.ResolveConfirmationResponse]  # type: ignore[assignment]
     """A person approves or denies a proposed write."""
+    CancelRun: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.CancelRunRequest, _orchestrator_pb2.CancelRunResponse]  # type: ignore[assignment]
+    """A person stops a run: its in-flight model call is cancelled and its pending
+    confirmation can no longer be approved. A write already approved and started
+    completes or not exactly once, and the trajectory says which. Cancelling a run
+    that has already ended is FAILED_PRECONDITION naming its state.
+    """
     ListPendingConfirmations: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ListPendingConfirmationsRequest, _orchestrator_pb2.ListPendingConfirmationsResponse]  # type: ignore[assignment]
     ListAgents: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ListAgentsRequest, _orchestrator_pb2.ListAgentsResponse]  # type: ignore[assignment]
     ForgetCopies: _aio.UnaryUnaryMultiCallable[_orchestrator_pb2.ForgetCopiesRequest, _orchestrator_pb2.ForgetCopiesResponse]  # type: ignore[assignment]
@@ -125,6 +137,18 @@ class OrchestratorServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_orchestrator_pb2.ResolveConfirmationResponse, _abc.Awaitable[_orchestrator_pb2.ResolveConfirmationResponse]]:
         """A person approves or denies a proposed write."""
+
+    @_abc_1.abstractmethod
+    def CancelRun(
+        self,
+        request: _orchestrator_pb2.CancelRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_orchestrator_pb2.CancelRunResponse, _abc.Awaitable[_orchestrator_pb2.CancelRunResponse]]:
+        """A person stops a run: its in-flight model call is cancelled and its pending
+        confirmation can no longer be approved. A write already approved and started
+        completes or not exactly once, and the trajectory says which. Cancelling a run
+        that has already ended is FAILED_PRECONDITION naming its state.
+        """
 
     @_abc_1.abstractmethod
     def ListPendingConfirmations(

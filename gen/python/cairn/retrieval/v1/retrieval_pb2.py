@@ -26,7 +26,7 @@ from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"cairn/retrieval/v1/retrieval.proto\x12\x12\x63\x61irn.retrieval.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1cgoogle/protobuf/struct.proto\"3\n\x03\x41\x63l\x12\r\n\x05users\x18\x01 \x03(\t\x12\r\n\x05roles\x18\x02 \x03(\t\x12\x0e\n\x06groups\x18\x03 \x03(\t\"\x9d\x01\n\x08\x44ocument\x12\x13\n\x0b\x64ocument_id\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12$\n\x03\x61\x63l\x18\x05 \x01(\x0b\x32\x17.cairn.retrieval.v1.Acl\x12)\n\x08metadata\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\"I\n\x16IngestDocumentsRequest\x12/\n\tdocuments\x18\x01 \x03(\x0b\x32\x1c.cairn.retrieval.v1.Document\"\x93\x01\n\x0e\x44ocumentResult\x12\x13\n\x0b\x64ocument_id\x18\x01 \x01(\t\x12\x34\n\x07outcome\x18\x02 \x01(\x0e\x32#.cairn.retrieval.v1.DocumentOutcome\x12\x0e\n\x06\x63hunks\x18\x03 \x01(\x05\x12\x17\n\x0f\x65mbedded_chunks\x18\x04 \x01(\x05\x12\r\n\x05\x65rror\x18\x05 \x01(\t\"\x96\x01\n\x17IngestDocumentsResponse\x12\x17\n\x0f\x64ocuments_total\x18\x01 \x01(\x05\x12\x16\n\x0e\x64ocuments_done\x18\x02 \x01(\x05\x12\x16\n\x0e\x63hunks_written\x18\x03 \x01(\x05\x12\x32\n\x06result\x18\x04 \x01(\x0b\x32\".cairn.retrieval.v1.DocumentResult\",\n\x15\x44\x65leteDocumentRequest\x12\x13\n\x0b\x64ocument_id\x18\x01 \x01(\t\"0\n\x16\x44\x65leteDocumentResponse\x12\x16\n\x0e\x63hunks_removed\x18\x01 \x01(\x05\":\n\rSearchRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x0f\n\x07sources\x18\x02 \x03(\t\x12\t\n\x01k\x18\x03 \x01(\x05\"\xf0\x01\n\x0cSearchResult\x12\x13\n\x0b\x64ocument_id\x18\x01 \x01(\t\x12\x10\n\x08\x63hunk_id\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\r\n\x05title\x18\x04 \x01(\t\x12\x12\n\nchar_start\x18\x05 \x01(\x05\x12\x10\n\x08\x63har_end\x18\x06 \x01(\x05\x12\x0c\n\x04text\x18\x07 \x01(\t\x12\x12\n\nbm25_score\x18\x08 \x01(\x01\x12\x13\n\x0b\x64\x65nse_score\x18\t \x01(\x01\x12\x13\n\x0b\x66used_score\x18\n \x01(\x01\x12\x14\n\x0ckeyword_rank\x18\x0b \x01(\x05\x12\x12\n\ndense_rank\x18\x0c \x01(\x05\"\x86\x01\n\x0eSearchResponse\x12\x31\n\x07results\x18\x01 \x03(\x0b\x32 .cairn.retrieval.v1.SearchResult\x12,\n\x04mode\x18\x02 \x01(\x0e\x32\x1e.cairn.retrieval.v1.SearchMode\x12\x13\n\x0bmode_reason\x18\x03 \x01(\t\"\x0e\n\x0cStatsRequest\"Y\n\x0bSourceStats\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x11\n\tdocuments\x18\x02 \x01(\x03\x12\x0e\n\x06\x63hunks\x18\x03 \x01(\x03\x12\x17\n\x0f\x65mbedded_chunks\x18\x04 \x01(\x03\"\x8f\x01\n\rStatsResponse\x12\x30\n\x07sources\x18\x01 \x03(\x0b\x32\x1f.cairn.retrieval.v1.SourceStats\x12\x11\n\tdocuments\x18\x02 \x01(\x03\x12\x0e\n\x06\x63hunks\x18\x03 \x01(\x03\x12\x17\n\x0f\x65mbedded_chunks\x18\x04 \x01(\x03\x12\x10\n\x08\x65mbedder\x18\x05 \x01(\t*\xae\x01\n\x0f\x44ocumentOutcome\x12 \n\x1c\x44OCUMENT_OUTCOME_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x44OCUMENT_OUTCOME_INGESTED\x10\x01\x12\x1e\n\x1a\x44OCUMENT_OUTCOME_UNCHANGED\x10\x02\x12\x1d\n\x19\x44OCUMENT_OUTCOME_REPLACED\x10\x03\x12\x1b\n\x17\x44OCUMENT_OUTCOME_FAILED\x10\x04*{\n\nSearchMode\x12\x1b\n\x17SEARCH_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12SEARCH_MODE_HYBRID\x10\x01\x12\x1c\n\x18SEARCH_MODE_KEYWORD_ONLY\x10\x02\x12\x1a\n\x16SEARCH_MODE_DENSE_ONLY\x10\x03\x32\xa2\x04\n\x10RetrievalService\x12\x97\x01\n\x0fIngestDocuments\x12*.cairn.retrieval.v1.IngestDocumentsRequest\x1a+.cairn.retrieval.v1.IngestDocumentsResponse\")\x82\xd3\xe4\x93\x02#\"\x1e/v1/retrieval/documents:ingest:\x01*0\x01\x12\x96\x01\n\x0e\x44\x65leteDocument\x12).cairn.retrieval.v1.DeleteDocumentRequest\x1a*.cairn.retrieval.v1.DeleteDocumentResponse\"-\x82\xd3\xe4\x93\x02\'*%/v1/retrieval/documents/{document_id}\x12p\n\x06Search\x12!.cairn.retrieval.v1.SearchRequest\x1a\".cairn.retrieval.v1.SearchResponse\"\x1f\x82\xd3\xe4\x93\x02\x19\"\x14/v1/retrieval/search:\x01*\x12i\n\x05Stats\x12 .cairn.retrieval.v1.StatsRequest\x1a!.cairn.retrieval.v1.StatsResponse\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/v1/retrieval/statsB-Z+cairn/gen/go/cairn/retrieval/v1;retrievalv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"cairn/retrieval/v1/retrieval.proto\x12\x12\x63\x61irn.retrieval.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1cgoogle/protobuf/struct.proto\"3\n\x03\x41\x63l\x12\r\n\x05users\x18\x01 \x03(\t\x12\r\n\x05roles\x18\x02 \x03(\t\x12\x0e\n\x06groups\x18\x03 \x03(\t\"\x9d\x01\n\x08\x44ocument\x12\x13\n\x0b\x64ocument_id\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\r\n\x05title\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12$\n\x03\x61\x63l\x18\x05 \x01(\x0b\x32\x17.cairn.retrieval.v1.Acl\x12)\n\x08metadata\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\"I\n\x16IngestDocumentsRequest\x12/\n\tdocuments\x18\x01 \x03(\x0b\x32\x1c.cairn.retrieval.v1.Document\"\x93\x01\n\x0e\x44ocumentResult\x12\x13\n\x0b\x64ocument_id\x18\x01 \x01(\t\x12\x34\n\x07outcome\x18\x02 \x01(\x0e\x32#.cairn.retrieval.v1.DocumentOutcome\x12\x0e\n\x06\x63hunks\x18\x03 \x01(\x05\x12\x17\n\x0f\x65mbedded_chunks\x18\x04 \x01(\x05\x12\r\n\x05\x65rror\x18\x05 \x01(\t\"\x96\x01\n\x17IngestDocumentsResponse\x12\x17\n\x0f\x64ocuments_total\x18\x01 \x01(\x05\x12\x16\n\x0e\x64ocuments_done\x18\x02 \x01(\x05\x12\x16\n\x0e\x63hunks_written\x18\x03 \x01(\x05\x12\x32\n\x06result\x18\x04 \x01(\x0b\x32\".cairn.retrieval.v1.DocumentResult\",\n\x15\x44\x65leteDocumentRequest\x12\x13\n\x0b\x64ocument_id\x18\x01 \x01(\t\"0\n\x16\x44\x65leteDocumentResponse\x12\x16\n\x0e\x63hunks_removed\x18\x01 \x01(\x05\"h\n\rSearchRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x0f\n\x07sources\x18\x02 \x03(\t\x12\t\n\x01k\x18\x03 \x01(\x05\x12,\n\x04mode\x18\x04 \x01(\x0e\x32\x1e.cairn.retrieval.v1.SearchMode\"\xf0\x01\n\x0cSearchResult\x12\x13\n\x0b\x64ocument_id\x18\x01 \x01(\t\x12\x10\n\x08\x63hunk_id\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\r\n\x05title\x18\x04 \x01(\t\x12\x12\n\nchar_start\x18\x05 \x01(\x05\x12\x10\n\x08\x63har_end\x18\x06 \x01(\x05\x12\x0c\n\x04text\x18\x07 \x01(\t\x12\x12\n\nbm25_score\x18\x08 \x01(\x01\x12\x13\n\x0b\x64\x65nse_score\x18\t \x01(\x01\x12\x13\n\x0b\x66used_score\x18\n \x01(\x01\x12\x14\n\x0ckeyword_rank\x18\x0b \x01(\x05\x12\x12\n\ndense_rank\x18\x0c \x01(\x05\"\x86\x01\n\x0eSearchResponse\x12\x31\n\x07results\x18\x01 \x03(\x0b\x32 .cairn.retrieval.v1.SearchResult\x12,\n\x04mode\x18\x02 \x01(\x0e\x32\x1e.cairn.retrieval.v1.SearchMode\x12\x13\n\x0bmode_reason\x18\x03 \x01(\t\")\n\x12GetDocumentRequest\x12\x13\n\x0b\x64ocument_id\x18\x01 \x01(\t\"E\n\x13GetDocumentResponse\x12.\n\x08\x64ocument\x18\x01 \x01(\x0b\x32\x1c.cairn.retrieval.v1.Document\"\x0e\n\x0cStatsRequest\"Y\n\x0bSourceStats\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x11\n\tdocuments\x18\x02 \x01(\x03\x12\x0e\n\x06\x63hunks\x18\x03 \x01(\x03\x12\x17\n\x0f\x65mbedded_chunks\x18\x04 \x01(\x03\"\x8f\x01\n\rStatsResponse\x12\x30\n\x07sources\x18\x01 \x03(\x0b\x32\x1f.cairn.retrieval.v1.SourceStats\x12\x11\n\tdocuments\x18\x02 \x01(\x03\x12\x0e\n\x06\x63hunks\x18\x03 \x01(\x03\x12\x17\n\x0f\x65mbedded_chunks\x18\x04 \x01(\x03\x12\x10\n\x08\x65mbedder\x18\x05 \x01(\t*\xae\x01\n\x0f\x44ocumentOutcome\x12 \n\x1c\x44OCUMENT_OUTCOME_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x44OCUMENT_OUTCOME_INGESTED\x10\x01\x12\x1e\n\x1a\x44OCUMENT_OUTCOME_UNCHANGED\x10\x02\x12\x1d\n\x19\x44OCUMENT_OUTCOME_REPLACED\x10\x03\x12\x1b\n\x17\x44OCUMENT_OUTCOME_FAILED\x10\x04*{\n\nSearchMode\x12\x1b\n\x17SEARCH_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12SEARCH_MODE_HYBRID\x10\x01\x12\x1c\n\x18SEARCH_MODE_KEYWORD_ONLY\x10\x02\x12\x1a\n\x16SEARCH_MODE_DENSE_ONLY\x10\x03\x32\xb2\x05\n\x10RetrievalService\x12\x97\x01\n\x0fIngestDocuments\x12*.cairn.retrieval.v1.IngestDocumentsRequest\x1a+.cairn.retrieval.v1.IngestDocumentsResponse\")\x82\xd3\xe4\x93\x02#\"\x1e/v1/retrieval/documents:ingest:\x01*0\x01\x12\x96\x01\n\x0e\x44\x65leteDocument\x12).cairn.retrieval.v1.DeleteDocumentRequest\x1a*.cairn.retrieval.v1.DeleteDocumentResponse\"-\x82\xd3\xe4\x93\x02\'*%/v1/retrieval/documents/{document_id}\x12p\n\x06Search\x12!.cairn.retrieval.v1.SearchRequest\x1a\".cairn.retrieval.v1.SearchResponse\"\x1f\x82\xd3\xe4\x93\x02\x19\"\x14/v1/retrieval/search:\x01*\x12\x8d\x01\n\x0bGetDocument\x12&.cairn.retrieval.v1.GetDocumentRequest\x1a\'.cairn.retrieval.v1.GetDocumentResponse\"-\x82\xd3\xe4\x93\x02\'\x12%/v1/retrieval/documents/{document_id}\x12i\n\x05Stats\x12 .cairn.retrieval.v1.StatsRequest\x1a!.cairn.retrieval.v1.StatsResponse\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/v1/retrieval/statsB-Z+cairn/gen/go/cairn/retrieval/v1;retrievalv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,12 +40,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RETRIEVALSERVICE'].methods_by_name['DeleteDocument']._serialized_options = b'\202\323\344\223\002\'*%/v1/retrieval/documents/{document_id}'
   _globals['_RETRIEVALSERVICE'].methods_by_name['Search']._loaded_options = None
   _globals['_RETRIEVALSERVICE'].methods_by_name['Search']._serialized_options = b'\202\323\344\223\002\031\"\024/v1/retrieval/search:\001*'
+  _globals['_RETRIEVALSERVICE'].methods_by_name['GetDocument']._loaded_options = None
+  _globals['_RETRIEVALSERVICE'].methods_by_name['GetDocument']._serialized_options = b'\202\323\344\223\002\'\022%/v1/retrieval/documents/{document_id}'
   _globals['_RETRIEVALSERVICE'].methods_by_name['Stats']._loaded_options = None
   _globals['_RETRIEVALSERVICE'].methods_by_name['Stats']._serialized_options = b'\202\323\344\223\002\025\022\023/v1/retrieval/stats'
-  _globals['_DOCUMENTOUTCOME']._serialized_start=1499
-  _globals['_DOCUMENTOUTCOME']._serialized_end=1673
-  _globals['_SEARCHMODE']._serialized_start=1675
-  _globals['_SEARCHMODE']._serialized_end=1798
+  _globals['_DOCUMENTOUTCOME']._serialized_start=1659
+  _globals['_DOCUMENTOUTCOME']._serialized_end=1833
+  _globals['_SEARCHMODE']._serialized_start=1835
+  _globals['_SEARCHMODE']._serialized_end=1958
   _globals['_ACL']._serialized_start=118
   _globals['_ACL']._serialized_end=169
   _globals['_DOCUMENT']._serialized_start=172
@@ -61,17 +63,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DELETEDOCUMENTRESPONSE']._serialized_start=755
   _globals['_DELETEDOCUMENTRESPONSE']._serialized_end=803
   _globals['_SEARCHREQUEST']._serialized_start=805
-  _globals['_SEARCHREQUEST']._serialized_end=863
-  _globals['_SEARCHRESULT']._serialized_start=866
-  _globals['_SEARCHRESULT']._serialized_end=1106
-  _globals['_SEARCHRESPONSE']._serialized_start=1109
-  _globals['_SEARCHRESPONSE']._serialized_end=1243
-  _globals['_STATSREQUEST']._serialized_start=1245
-  _globals['_STATSREQUEST']._serialized_end=1259
-  _globals['_SOURCESTATS']._serialized_start=1261
-  _globals['_SOURCESTATS']._serialized_end=1350
-  _globals['_STATSRESPONSE']._serialized_start=1353
-  _globals['_STATSRESPONSE']._serialized_end=1496
-  _globals['_RETRIEVALSERVICE']._serialized_start=1801
-  _globals['_RETRIEVALSERVICE']._serialized_end=2347
+  _globals['_SEARCHREQUEST']._serialized_end=909
+  _globals['_SEARCHRESULT']._serialized_start=912
+  _globals['_SEARCHRESULT']._serialized_end=1152
+  _globals['_SEARCHRESPONSE']._serialized_start=1155
+  _globals['_SEARCHRESPONSE']._serialized_end=1289
+  _globals['_GETDOCUMENTREQUEST']._serialized_start=1291
+  _globals['_GETDOCUMENTREQUEST']._serialized_end=1332
+  _globals['_GETDOCUMENTRESPONSE']._serialized_start=1334
+  _globals['_GETDOCUMENTRESPONSE']._serialized_end=1403
+  _globals['_STATSREQUEST']._serialized_start=1405
+  _globals['_STATSREQUEST']._serialized_end=1419
+  _globals['_SOURCESTATS']._serialized_start=1421
+  _globals['_SOURCESTATS']._serialized_end=1510
+  _globals['_STATSRESPONSE']._serialized_start=1513
+  _globals['_STATSRESPONSE']._serialized_end=1656
+  _globals['_RETRIEVALSERVICE']._serialized_start=1961
+  _globals['_RETRIEVALSERVICE']._serialized_end=2651
 # @@protoc_insertion_point(module_scope)

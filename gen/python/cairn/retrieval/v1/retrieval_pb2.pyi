@@ -258,9 +258,16 @@ class SearchRequest(_message.Message):
     QUERY_FIELD_NUMBER: _builtins.int
     SOURCES_FIELD_NUMBER: _builtins.int
     K_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
     query: _builtins.str
     k: _builtins.int
     """Results wanted; 0 means the default of 4."""
+    mode: Global___SearchMode.ValueType
+    """The mode asked for: UNSPECIFIED or HYBRID is hybrid (falling back to
+    KEYWORD_ONLY, with the reason, when dense search cannot run); KEYWORD_ONLY or
+    DENSE_ONLY runs only that half. DENSE_ONLY without an embedder is
+    FAILED_PRECONDITION. The response states the mode that ran and why.
+    """
     @_builtins.property
     def sources(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Required and non-empty; an agent's sources come from its spec, never the model."""
@@ -271,10 +278,11 @@ class SearchRequest(_message.Message):
         query: _builtins.str = ...,
         sources: _abc.Iterable[_builtins.str] | None = ...,
         k: _builtins.int = ...,
+        mode: Global___SearchMode.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["k", b"k", "query", b"query", "sources", b"sources"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["k", b"k", "mode", b"mode", "query", b"query", "sources", b"sources"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -360,6 +368,47 @@ class SearchResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SearchResponse: _TypeAlias = SearchResponse  # noqa: Y015
+
+@_typing.final
+class GetDocumentRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DOCUMENT_ID_FIELD_NUMBER: _builtins.int
+    document_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        document_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["document_id", b"document_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetDocumentRequest: _TypeAlias = GetDocumentRequest  # noqa: Y015
+
+@_typing.final
+class GetDocumentResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DOCUMENT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def document(self) -> Global___Document:
+        """The document as ingested; acl is only shown to ingesters of its org."""
+
+    def __init__(
+        self,
+        *,
+        document: Global___Document | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["document", b"document"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["document", b"document"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetDocumentResponse: _TypeAlias = GetDocumentResponse  # noqa: Y015
 
 @_typing.final
 class StatsRequest(_message.Message):

@@ -49,6 +49,11 @@ class RetrievalServiceStub:
                 request_serializer=cairn_dot_retrieval_dot_v1_dot_retrieval__pb2.SearchRequest.SerializeToString,
                 response_deserializer=cairn_dot_retrieval_dot_v1_dot_retrieval__pb2.SearchResponse.FromString,
                 _registered_method=True)
+        self.GetDocument = channel.unary_unary(
+                '/cairn.retrieval.v1.RetrievalService/GetDocument',
+                request_serializer=cairn_dot_retrieval_dot_v1_dot_retrieval__pb2.GetDocumentRequest.SerializeToString,
+                response_deserializer=cairn_dot_retrieval_dot_v1_dot_retrieval__pb2.GetDocumentResponse.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/cairn.retrieval.v1.RetrievalService/Stats',
                 request_serializer=cairn_dot_retrieval_dot_v1_dot_retrieval__pb2.StatsRequest.SerializeToString,
@@ -80,6 +85,14 @@ class RetrievalServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetDocument(self, request, context):
+        """One document the caller may read, with its text, so a citation can be opened.
+        A document the caller may not read is NOT_FOUND, exactly as one that does not exist.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Stats(self, request, context):
         """Per source: documents, chunks and embedded chunks of the caller's org.
         """
@@ -104,6 +117,11 @@ def add_RetrievalServiceServicer_to_server(servicer, server):
                     servicer.Search,
                     request_deserializer=cairn_dot_retrieval_dot_v1_dot_retrieval__pb2.SearchRequest.FromString,
                     response_serializer=cairn_dot_retrieval_dot_v1_dot_retrieval__pb2.SearchResponse.SerializeToString,
+            ),
+            'GetDocument': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDocument,
+                    request_deserializer=cairn_dot_retrieval_dot_v1_dot_retrieval__pb2.GetDocumentRequest.FromString,
+                    response_serializer=cairn_dot_retrieval_dot_v1_dot_retrieval__pb2.GetDocumentResponse.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
@@ -192,6 +210,33 @@ class RetrievalService:
             '/cairn.retrieval.v1.RetrievalService/Search',
             cairn_dot_retrieval_dot_v1_dot_retrieval__pb2.SearchRequest.SerializeToString,
             cairn_dot_retrieval_dot_v1_dot_retrieval__pb2.SearchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDocument(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cairn.retrieval.v1.RetrievalService/GetDocument',
+            cairn_dot_retrieval_dot_v1_dot_retrieval__pb2.GetDocumentRequest.SerializeToString,
+            cairn_dot_retrieval_dot_v1_dot_retrieval__pb2.GetDocumentResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -39,6 +39,10 @@ class RetrievalServiceStub:
     """Removes a document and its chunks from both stores."""
     Search: _grpc.UnaryUnaryMultiCallable[_retrieval_pb2.SearchRequest, _retrieval_pb2.SearchResponse]
     """Search within the caller's visible set. The result states its mode."""
+    GetDocument: _grpc.UnaryUnaryMultiCallable[_retrieval_pb2.GetDocumentRequest, _retrieval_pb2.GetDocumentResponse]
+    """One document the caller may read, with its text, so a citation can be opened.
+    A document the caller may not read is NOT_FOUND, exactly as one that does not exist.
+    """
     Stats: _grpc.UnaryUnaryMultiCallable[_retrieval_pb2.StatsRequest, _retrieval_pb2.StatsResponse]
     """Per source: documents, chunks and embedded chunks of the caller's org."""
 
@@ -51,6 +55,10 @@ class RetrievalServiceAsyncStub(RetrievalServiceStub):
     """Removes a document and its chunks from both stores."""
     Search: _aio.UnaryUnaryMultiCallable[_retrieval_pb2.SearchRequest, _retrieval_pb2.SearchResponse]  # type: ignore[assignment]
     """Search within the caller's visible set. The result states its mode."""
+    GetDocument: _aio.UnaryUnaryMultiCallable[_retrieval_pb2.GetDocumentRequest, _retrieval_pb2.GetDocumentResponse]  # type: ignore[assignment]
+    """One document the caller may read, with its text, so a citation can be opened.
+    A document the caller may not read is NOT_FOUND, exactly as one that does not exist.
+    """
     Stats: _aio.UnaryUnaryMultiCallable[_retrieval_pb2.StatsRequest, _retrieval_pb2.StatsResponse]  # type: ignore[assignment]
     """Per source: documents, chunks and embedded chunks of the caller's org."""
 
@@ -78,6 +86,16 @@ class RetrievalServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_retrieval_pb2.SearchResponse, _abc.Awaitable[_retrieval_pb2.SearchResponse]]:
         """Search within the caller's visible set. The result states its mode."""
+
+    @_abc_1.abstractmethod
+    def GetDocument(
+        self,
+        request: _retrieval_pb2.GetDocumentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_retrieval_pb2.GetDocumentResponse, _abc.Awaitable[_retrieval_pb2.GetDocumentResponse]]:
+        """One document the caller may read, with its text, so a citation can be opened.
+        A document the caller may not read is NOT_FOUND, exactly as one that does not exist.
+        """
 
     @_abc_1.abstractmethod
     def Stats(
