@@ -961,6 +961,7 @@ class RunLoop:
             credentials=scope.credentials,
             labels=labels if labels is not None else LabelBook(state.knowledge),
             confirmation_token=confirmation_token,
+            run_calls=tuple(c for m in state.messages for c in m.tool_calls),
         )
 
     async def _run_tool(

@@ -74,6 +74,10 @@ class ToolContext:
     # The run's preferred language (BCP 47, normalised to "en" or "zh-Hans"):
     # card renderers write in it where they have text in it.
     language: str = "en"
+    # Every tool call the model has asked for in this run so far, in order (this
+    # turn's included), from the run's persisted state: a per-tool call budget is
+    # counted from it, so it holds across a resume on another replica.
+    run_calls: tuple[ToolCallRequest, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
