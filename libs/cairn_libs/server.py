@@ -521,11 +521,19 @@ async def serve(app: ServiceApp, *, address: str, verifier: TokenVerifier) -> No
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
+    refused: list[ConfigurationError] = []
+
     async def watch_readiness() -> None:
         last: bool | None = None
         while True:
             try:
                 ok = await asyncio.wait_for(app.ready(), timeout=max(interval, 1.0) * 2)
+            except ConfigurationError as exc:
+                # Found only once the database answers (an edited migration): the
+                # service cannot serve as configured, so it stops and says why.
+                refused.append(exc)
+                stop.set()
+                return
             except Exception:
                 ok = False
             if ok != last:
@@ -547,6 +555,8 @@ async def serve(app: ServiceApp, *, address: str, verifier: TokenVerifier) -> No
     await health.enter_graceful_shutdown()
     await server.stop(grace=grace)
     await app.stop()
+    if refused:
+        raise refused[0]
     shutdown_tracing()
     log.info("service.stopped", service=app.name)
 
