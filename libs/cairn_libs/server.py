@@ -17,6 +17,10 @@ is INVALID_ARGUMENT with a plain message.
 Health reports SERVING only while the service's own readiness check passes (its
 database reachable and migrated), re-checked every few seconds.
 
+An UNAVAILABLE the service answers itself carries server pushback "do not retry"
+(`grpc-retry-pushback-ms: -1`): clients retry UNAVAILABLE only when a replica is
+gone, not when a live one reports a dependency down (cairn_libs.service_config).
+
 Connections have a maximum age (CAIRN_GRPC_MAX_CONNECTION_AGE_SECONDS): a client
 balancing round robin over a headless Service keeps its subchannels for as long as
 they live, so without an age the replicas an autoscaler adds would get no traffic
@@ -383,7 +387,33 @@ def to_rpc_status(exc: BaseException) -> grpc.Status:
         delay = duration_pb2.Duration()
         delay.FromNanoseconds(int(exc.retry_after_seconds * 1e9))
         status.details.add().Pack(error_details_pb2.RetryInfo(retry_delay=delay))
-    return rpc_status.to_status(status)
+    mapped = rpc_status.to_status(status)
+    if mapped.code is grpc.StatusCode.UNAVAILABLE:
+        # Said by a live replica about a dependency its peers share: a client's retry
+        # policy (cairn_libs.service_config) must not send it again to another one.
+        return _Status(
+            mapped.code,
+            mapped.details,
+            (*mapped.trailing_metadata, (RETRY_PUSHBACK_KEY, NO_RETRY_PUSHBACK)),
+        )
+    return mapped
+
+
+RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
+# Negative: "do not retry" (gRFC A6, server pushback).
+NO_RETRY_PUSHBACK = "-1"
+
+
+class _Status(grpc.Status):
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        details: str,
+        trailing_metadata: tuple[tuple[str, str | bytes], ...],
+    ) -> None:
+        self.code = code
+        self.details = details
+        self.trailing_metadata = trailing_metadata
 
 
 def error_mapping_interceptor() -> grpc.aio.ServerInterceptor:  # type: ignore[type-arg]

@@ -1,6 +1,14 @@
 """Starting cairn's processes locally: the embedded PostgreSQL, the offline model
 and the four services, each as its own OS process. Used by `make run` and by the
 tests, so both exercise the same start-up path a deployment does.
+
+Replicas. `start_replicas` starts N processes of one service on loopback ports, and
+`replica_target` names them for a client as one `ipv4:` target, which every cairn
+channel balances round robin (cairn_libs.clients). Each retrieval replica after the
+first keeps its embedded vector store in a folder of its own (`replica-<n>` under
+CAIRN_QDRANT_PATH): an embedded store is locked by the process holding it, so on one
+machine without a Qdrant server the replicas share PostgreSQL (documents, chunks,
+BM25) but not dense vectors; a deployment points every replica at one QDRANT_URL.
 """
 
 from __future__ import annotations
@@ -11,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +27,8 @@ from typing import IO, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from cairn_libs.errors import ConfigurationError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -29,6 +39,31 @@ SERVICE_MODULES = {
     "memory": "cairn_memory",
     "orchestrator": "cairn_orchestrator",
 }
+
+
+REPLICAS_ENV = "CAIRN_REPLICAS"
+
+
+def replicas_setting(env: Mapping[str, str] | None = None) -> int:
+    """How many replicas of each service the local stack starts (CAIRN_REPLICAS, 1)."""
+    raw = (os.environ if env is None else env).get(REPLICAS_ENV, "").strip()
+    if not raw:
+        return 1
+    if not raw.isdigit() or not 1 <= int(raw) <= 16:
+        raise ConfigurationError(
+            f"{REPLICAS_ENV}={raw!r} is not a number of replicas; give a whole number from 1 to 16"
+        )
+    return int(raw)
+
+
+def replica_target(addresses: Sequence[str]) -> str:
+    """One gRPC target for every replica's address: the address itself for one,
+    `ipv4:a,b,c` for several (round robin and retries come from the channel)."""
+    if not addresses:
+        raise ValueError("a target needs at least one address")
+    if len(addresses) == 1:
+        return addresses[0]
+    return "ipv4:" + ",".join(addresses)
 
 
 def free_port() -> int:
@@ -156,6 +191,31 @@ def start_service(
         log_dir=log_dir,
         address=f"127.0.0.1:{port}",
     )
+
+
+def replica_env(service: str, index: int, env: Mapping[str, str]) -> dict[str, str]:
+    """A replica's own settings on top of the stack's: only the embedded vector store
+    differs (see the module docstring)."""
+    if service != "retrieval" or index == 0 or env.get("QDRANT_URL"):
+        return dict(env)
+    base = Path(env.get("CAIRN_QDRANT_PATH", str(REPO_ROOT / "state" / "qdrant")))
+    return {**env, "CAIRN_QDRANT_PATH": str(base / f"replica-{index}")}
+
+
+def start_replicas(
+    service: str, *, ports: Sequence[int], env: Mapping[str, str], log_dir: Path
+) -> list[ServiceProcess]:
+    """One process of `service` per port; logs as <service>-<n>.log when several."""
+    return [
+        start_service(
+            service,
+            port=port,
+            env=replica_env(service, index, env),
+            log_dir=log_dir,
+            suffix=f"-{index}" if len(ports) > 1 else "",
+        )
+        for index, port in enumerate(ports)
+    ]
 
 
 @contextmanager
