@@ -72,6 +72,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if *addr != "" {
 		s.listenAddr = *addr
 	}
+	if err := s.panel.checkListen(s.listenAddr); err != nil {
+		return configError{err}
+	}
 	logger := newLogger(stdout)
 
 	tracing, propagator, shutdownTracing, err := newTracing(ctx, s, getenv)
@@ -101,7 +104,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	served := make(chan error, 1)
 	go func() { served <- server.Serve(listener) }()
 	logger.Info("restproxy.listening", "addr", listener.Addr().String(),
-		"gateway_exposed", s.exposeGateway, "cors_origins", s.corsOrigins)
+		"gateway_exposed", s.exposeGateway, "cors_origins", s.corsOrigins,
+		"panel_dir", s.panel.dir, "panel_dev_identities", s.panel.devIdentitiesFile != "",
+		"panel_oidc_issuer", s.panel.oidcIssuer)
 
 	select {
 	case err := <-served:

@@ -145,7 +145,13 @@ func newHandler(ctx context.Context, s settings, backends []backend, tracing tra
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(contract)
 	})
-	mux.Handle("/", rest)
+	registerPanelRoutes(mux, s.panel)
+	if s.panel.dir != "" {
+		mux.Handle("/v1/", rest)
+		mux.Handle("/", panelHandler(s.panel, rest))
+	} else {
+		mux.Handle("/", rest)
+	}
 
 	handler := limitBody(s.maxBodyBytes, mux)
 	handler = withCORS(s.corsOrigins, handler)

@@ -23,6 +23,7 @@ type settings struct {
 	idleTimeout       time.Duration
 	shutdownGrace     time.Duration
 	otlpEndpoint      string
+	panel             panelSettings
 }
 
 func loadSettings(getenv func(string) string) (settings, error) {
@@ -77,6 +78,9 @@ func loadSettings(getenv func(string) string) (settings, error) {
 		if addr == "none" {
 			return settings{}, fmt.Errorf("%s=%q: the REST proxy needs every backend it serves; give host:port or a dns:/// target", name, addr)
 		}
+	}
+	if s.panel, err = loadPanelSettings(env); err != nil {
+		return settings{}, err
 	}
 	return s, nil
 }
