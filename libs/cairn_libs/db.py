@@ -1,6 +1,12 @@
 """Each service's PostgreSQL: an asyncpg pool on the service's own schema, and its
 migrations applied in order, once, under an advisory lock.
 
+Each applied migration's SHA-256 is kept beside its version. A migration file that
+was edited after it ran is refused (`MigrationEdited`, a configuration error: the
+service says which file and exits), never skipped: the schema it describes is not
+the schema the database holds. Rows applied before checksums were kept get the
+file's checksum on first sight.
+
 The pool is created lazily and never blocks start-up: a service whose database
 is down still starts, reports NOT_SERVING, and becomes SERVING when the database
 answers and its migrations are applied.
@@ -43,6 +49,14 @@ class Migration:
     version: int
     name: str
     sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()
+
+
+class MigrationEdited(ConfigurationError):
+    """An applied migration's file no longer matches what ran."""
 
 
 def database_url() -> str:
@@ -107,21 +121,28 @@ class Database:
                     "version int PRIMARY KEY, name text NOT NULL, "
                     "applied_at timestamptz NOT NULL DEFAULT now())"
                 )
+                await conn.execute(
+                    f'ALTER TABLE "{self.schema}".schema_migrations '
+                    "ADD COLUMN IF NOT EXISTS checksum text"
+                )
                 applied = {
-                    r["version"]
+                    r["version"]: r["checksum"]
                     for r in await conn.fetch(
-                        f'SELECT version FROM "{self.schema}".schema_migrations'
+                        f'SELECT version, checksum FROM "{self.schema}".schema_migrations'
                     )
                 }
+                await self._check_applied(conn, applied)
                 for migration in self._migrations:
                     if migration.version in applied:
                         continue
                     async with conn.transaction():
                         await conn.execute(migration.sql)
                         await conn.execute(
-                            f'INSERT INTO "{self.schema}".schema_migrations (version, name) VALUES ($1, $2)',
+                            f'INSERT INTO "{self.schema}".schema_migrations '
+                            "(version, name, checksum) VALUES ($1, $2, $3)",
                             migration.version,
                             migration.name,
+                            migration.checksum,
                         )
                     log.info(
                         "db.migrated",
@@ -132,8 +153,31 @@ class Database:
             finally:
                 await conn.execute("SELECT pg_advisory_unlock($1)", lock_key)
 
+    async def _check_applied(
+        self, conn: asyncpg.Connection, applied: dict[int, str | None]
+    ) -> None:
+        for migration in self._migrations:
+            if migration.version not in applied:
+                continue
+            recorded = applied[migration.version]
+            if recorded is None:
+                await conn.execute(
+                    f'UPDATE "{self.schema}".schema_migrations SET checksum = $2 '
+                    "WHERE version = $1 AND checksum IS NULL",
+                    migration.version,
+                    migration.checksum,
+                )
+            elif recorded != migration.checksum:
+                raise MigrationEdited(
+                    f"migration {migration.version:04d}_{migration.name}.sql of schema "
+                    f"{self.schema!r} was edited after it was applied (checksum "
+                    f"{migration.checksum[:12]} now, {recorded[:12]} when it ran): restore "
+                    "the file as it ran and put the change in a new migration"
+                )
+
     async def ready(self) -> bool:
-        """Connect and migrate if not yet done, then prove the database answers."""
+        """Connect and migrate if not yet done, then prove the database answers.
+        An edited migration is not a database that is down: MigrationEdited is raised."""
         try:
             pool = await self._ensure()
             async with pool.acquire(timeout=2) as conn:
