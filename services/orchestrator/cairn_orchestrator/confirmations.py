@@ -103,15 +103,27 @@ def split_planned(
     return now, writes
 
 
-def render_card(tool: Tool, arguments: Mapping[str, Any], context: ToolContext) -> ConfirmationCard:
+def render_card(
+    tool: Tool,
+    arguments: Mapping[str, Any],
+    context: ToolContext,
+    *,
+    language_fallback: bool = False,
+) -> ConfirmationCard:
     """The tool's own card; a renderer that fails or says nothing is a broken tool,
-    and a person is never asked to approve what they cannot read."""
+    and a person is never asked to approve what they cannot read.
+
+    The card says whether it is in the language the person asked for: it is a
+    fallback when the run's language is itself one (they asked for a language
+    cairn has no text in) or when the tool wrote in another language than the
+    run's, whatever the renderer claimed."""
     if tool.card is None:
         raise ValueError(f"tool {tool.name!r} needs confirmation but has no card renderer")
     card = tool.card(arguments, context)
     if not card.summary.strip():
         raise ValueError(f"tool {tool.name!r} rendered a card with an empty summary")
-    return card
+    fallback = card.language_fallback or language_fallback or card.language != context.language
+    return replace(card, language_fallback=fallback) if fallback != card.language_fallback else card
 
 
 def propose_write(
@@ -121,6 +133,7 @@ def propose_write(
     context: ToolContext,
     ttl_seconds: float,
     token: str,
+    language_fallback: bool = False,
 ) -> ConfirmationProposal | ProposalRefused:
     """Validate the arguments and render the card before anybody is asked: invalid
     arguments go back to the model as tool.invalid_input, like any tool call."""
@@ -131,7 +144,7 @@ def propose_write(
     if isinstance(arguments, ErrorValue):
         return ProposalRefused(refused(call, arguments))
     try:
-        card = render_card(tool, arguments, context)
+        card = render_card(tool, arguments, context, language_fallback=language_fallback)
     except Exception as exc:  # I3: a broken renderer is the tool's bug, not the run's.
         error = ErrorValue(
             TOOL_FAILED,
@@ -462,34 +475,60 @@ def after_interruption(
     )
 
 
+_INTERRUPTED_WARNINGS: dict[str, dict[ConfirmationState, str]] = {
+    "en": {
+        ConfirmationState.APPROVED: (
+            "{approved}, but the orchestrator stopped before the change was made. Approve "
+            "again to make it, or deny it."
+        ),
+        ConfirmationState.EXECUTING: (
+            "{approved}, and the orchestrator stopped while the change was being made; it "
+            "may already have taken effect. Approve again to finish: it takes effect at "
+            "most once."
+        ),
+        ConfirmationState.EXECUTED: (
+            "{approved} and the change was made once; the orchestrator stopped before the "
+            "run could continue. Approve again to let it continue; the change is not made "
+            "again."
+        ),
+    },
+    "zh-Hans": {
+        ConfirmationState.APPROVED: (
+            "{approved}，但在更改完成之前编排服务停止了。再次批准即可完成更改，也可以拒绝。"
+        ),
+        ConfirmationState.EXECUTING: (
+            "{approved}，但编排服务在执行更改时停止了，更改可能已经生效。再次批准即可完成："
+            "它最多只会生效一次。"
+        ),
+        ConfirmationState.EXECUTED: (
+            "{approved}，更改已完成一次；编排服务在运行继续之前停止了。再次批准即可让运行继续，"
+            "更改不会重复进行。"
+        ),
+    },
+}
+
+
+def _you_approved(language: str, moment: datetime | None) -> str:
+    if language == "zh-Hans":
+        return f"你已于 {moment.isoformat()} 批准此项" if moment is not None else "你已批准此项"
+    return f"You approved this{_at(moment)}"
+
+
 def shown_card(confirmation: Confirmation) -> ConfirmationCard:
     """The card as the person sees it now: after an interruption it says what
-    happened and what approving again will do."""
+    happened and what approving again will do, in the card's own language."""
     card = confirmation.card
     if confirmation.state is ConfirmationState.PENDING:
         return card
-    approved = f"You approved this{_at(confirmation.resolved_at)}"
-    if confirmation.state is ConfirmationState.APPROVED:
-        warning = (
-            f"{approved}, but the orchestrator stopped before the change was made. Approve "
-            "again to make it, or deny it."
-        )
-    elif confirmation.state is ConfirmationState.EXECUTING:
-        warning = (
-            f"{approved}, and the orchestrator stopped while the change was being made; it "
-            "may already have taken effect. Approve again to finish: it takes effect at "
-            "most once."
-        )
-    else:
-        warning = (
-            f"{approved} and the change was made once; the orchestrator stopped before the "
-            "run could continue. Approve again to let it continue; the change is not made "
-            "again."
-        )
+    language = "zh-Hans" if card.language == "zh-Hans" else "en"
+    texts = _INTERRUPTED_WARNINGS[language]
+    template = texts.get(confirmation.state, texts[ConfirmationState.EXECUTED])
+    warning = template.format(approved=_you_approved(language, confirmation.resolved_at))
+    status = "状态" if language == "zh-Hans" else "Status"
     return replace(
         card,
         warnings=(warning, *card.warnings),
-        details=(*card.details, CardDetail(label="Status", value=confirmation.state.value)),
+        details=(*card.details, CardDetail(label=status, value=confirmation.state.value)),
     )
 
 

@@ -9,6 +9,7 @@ confirmation can resume the run from where it stopped, with nothing replayed).
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
@@ -26,6 +27,8 @@ TurnRole = Literal["user", "assistant"]
 Phase = Literal["call_model", "execute_tools", "confirm_writes", "finished"]
 PHASES: tuple[Phase, ...] = ("call_model", "execute_tools", "confirm_writes", "finished")
 Decision = Literal["approve", "deny"]
+CardLanguage = Literal["en", "zh-Hans"]
+CARD_LANGUAGES: tuple[CardLanguage, ...] = ("en", "zh-Hans")
 
 ADMIN_ROLE = "admin"
 
@@ -421,6 +424,12 @@ class Run:
     usage: RunUsage = field(default_factory=RunUsage)
     # Set while the run waits at CONFIRMATION_PENDING: what the person is asked.
     pending_confirmation: PendingConfirmation | None = None
+    # The language cards are written in ("en" or "zh-Hans"), and whether the person
+    # asked for one cairn has no text in (so cards fell back to English).
+    language: CardLanguage = "en"
+    language_fallback: bool = False
+    # Set when a person stopped the run (CancelRun): their user id.
+    cancelled_by: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -610,10 +619,13 @@ class RunEvent:
 
 @dataclass(frozen=True, slots=True)
 class PageCursor:
-    """Where the next page of ListRuns starts: after this (created_at, run_id)."""
+    """Where the next page of ListRuns starts: after this (created_at, run_id), in
+    the listing narrowed to `state` (None: every state). A cursor belongs to its
+    filter: the same position means another run under another filter."""
 
     created_at: datetime
     run_id: str
+    state: RunState | None = None
 
 
 # ---------------------------------------------------------------- the loop's state
@@ -677,6 +689,57 @@ class LoopState:
             carried_confirmation=bool(value.get("carried_confirmation", False)),
             reran_turn=bool(value.get("reran_turn", False)),
         )
+
+
+# ---------------------------------------------------------------- the person's language
+
+MAX_LANGUAGE_TAG_CHARS = 35
+# RFC 5646's shape, loosely: a 2-8 letter primary subtag, then subtags of 1-8
+# letters or digits, joined by hyphens. Enough to refuse what is not a tag at all
+# (an underscore form, spaces, a sentence) without a registry of every subtag.
+_LANGUAGE_TAG = re.compile(r"[A-Za-z]{2,8}(?:-[A-Za-z0-9]{1,8})*")
+# Chinese written in simplified characters: the script said, or a region that uses it.
+_SIMPLIFIED_REGIONS = frozenset({"cn", "sg"})
+
+
+@dataclass(frozen=True, slots=True)
+class RunLanguage:
+    """The language a run's cards are written in, from the person's preferred one.
+    `fallback` when they asked for a language cairn has no text in (English then)."""
+
+    language: CardLanguage
+    fallback: bool = False
+
+
+ENGLISH = RunLanguage("en")
+
+
+def card_language(tag: str) -> RunLanguage:
+    """Normalise a BCP 47 tag to a language cairn writes cards in.
+
+    en, en-*, or nothing: English. zh, zh-CN, zh-SG, zh-Hans and zh-Hans-*:
+    Simplified Chinese. Any other well-formed tag (fr, zh-Hant, zh-TW): English,
+    marked as a fallback so the person can see it. Raises ValueError, naming the
+    value, for what is not a language tag at all."""
+    if not tag:
+        return RunLanguage("en")
+    if len(tag) > MAX_LANGUAGE_TAG_CHARS or not _LANGUAGE_TAG.fullmatch(tag):
+        shown = tag if len(tag) <= 64 else tag[:64] + "…"
+        raise ValueError(
+            f"language {shown!r} is not a BCP 47 language tag; use one like 'en', "
+            f"'zh-Hans' or 'zh-CN' (letters and digits in hyphen-separated subtags, at most "
+            f"{MAX_LANGUAGE_TAG_CHARS} characters), or leave it empty for English"
+        )
+    subtags = tag.lower().split("-")
+    primary, rest = subtags[0], subtags[1:]
+    if primary == "en":
+        return RunLanguage("en")
+    simplified = (
+        not rest or rest[0] == "hans" or (rest[0] in _SIMPLIFIED_REGIONS and len(rest) == 1)
+    )
+    if primary == "zh" and simplified:
+        return RunLanguage("zh-Hans")
+    return RunLanguage("en", fallback=True)
 
 
 def new_run_id() -> str:

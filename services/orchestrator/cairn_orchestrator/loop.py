@@ -68,6 +68,7 @@ from cairn_orchestrator.confirmations import (
 )
 from cairn_orchestrator.conversation import ConversationArchiver, plan_conversation, window_lines
 from cairn_orchestrator.domain import (
+    ENGLISH,
     AgentSpec,
     CallCredentials,
     Citation,
@@ -85,6 +86,7 @@ from cairn_orchestrator.domain import (
     ModelRequest,
     RecalledMemory,
     Run,
+    RunLanguage,
     RunState,
     StepKind,
     StepRecord,
@@ -263,6 +265,7 @@ class RunLoop:
         question: str,
         conversation_id: str,
         earlier: Sequence[ConversationTurn],
+        language: RunLanguage = ENGLISH,
     ) -> Run:
         return await self._own(
             self._start(
@@ -271,6 +274,7 @@ class RunLoop:
                 question=question,
                 conversation_id=conversation_id,
                 earlier=earlier,
+                language=language,
             )
         )
 
@@ -282,6 +286,7 @@ class RunLoop:
         question: str,
         conversation_id: str,
         earlier: Sequence[ConversationTurn],
+        language: RunLanguage = ENGLISH,
     ) -> Run:
         run_id = new_run_id()
         attributes = {
@@ -306,6 +311,7 @@ class RunLoop:
                 earlier_turns=earlier,
                 trace_id=trace_id_hex(span),
                 root_span_id=span_id_hex(span),
+                language=language,
             )
             log.info("run.started", agent=spec.name)
             scope = _RunScope(
@@ -828,6 +834,7 @@ class RunLoop:
                 context=self._context(scope, state),
                 ttl_seconds=self._settings.confirmation_ttl_seconds,
                 token=new_confirmation_token(),
+                language_fallback=scope.run.language_fallback,
             )
             if isinstance(proposal, ProposalRefused):
                 _mark(span, proposal.outcome.error)
@@ -962,6 +969,7 @@ class RunLoop:
             labels=labels if labels is not None else LabelBook(state.knowledge),
             confirmation_token=confirmation_token,
             run_calls=tuple(c for m in state.messages for c in m.tool_calls),
+            language=scope.run.language,
         )
 
     async def _run_tool(

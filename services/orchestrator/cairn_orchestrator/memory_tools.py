@@ -39,6 +39,7 @@ from cairn_orchestrator.domain import (
     SUBJECT_KINDS,
     ArchivedBlock,
     CardDetail,
+    CardLanguage,
     ClaimTypeName,
     ConfirmationCard,
     ErrorValue,
@@ -81,10 +82,24 @@ _ERROR_CODES: Final = {
 MEMORY_FAILED: Final = "memory.failed"
 MEMORY_SEALED: Final = "memory.sealed"
 
-_CLAIMS: Final[dict[str, str]] = {
+# How the model reads a memory's claim type.
+_CLAIMS_FOR_MODEL: Final[dict[str, str]] = {
     "USER_STATEMENT": "a user's statement",
     "INFERENCE": "an inference",
     "UNKNOWN": "unknown",
+}
+# How a card names it, per language.
+_CLAIMS: Final[dict[str, dict[str, str]]] = {
+    "en": {
+        "USER_STATEMENT": "a user's statement",
+        "INFERENCE": "an inference",
+        "UNKNOWN": "not stated (the agent did not say)",
+    },
+    "zh-Hans": {
+        "USER_STATEMENT": "用户本人的陈述",
+        "INFERENCE": "推断",
+        "UNKNOWN": "未说明（智能体没有说明）",
+    },
 }
 
 
@@ -221,12 +236,107 @@ def resolve_subject(raw: Mapping[str, Any], *, caller_id: str) -> MemorySubject:
     return MemorySubject(kind=kind, id="" if kind == "WORKSPACE" else subject_id)
 
 
-def describe_subject(subject: MemorySubject, *, caller_id: str = "") -> str:
+_SUBJECT_KIND_WORDS: Final[dict[str, str]] = {
+    "USER": "用户",
+    "CANDIDATE": "候选人",
+    "EMPLOYEE": "员工",
+    "CUSTOMER": "客户",
+}
+
+# What a person reads on a write's card, in each language cairn writes cards in.
+# One table per language, so a label cannot be translated in one card and not in
+# another; the tests check both tables have the same keys.
+CARD_TEXT: Final[dict[str, dict[str, str]]] = {
+    "en": {
+        "workspace": "the workspace (not a person)",
+        "asking": "{described} (the person asking)",
+        "what": "What will be kept",
+        "about": "About",
+        "written_by": "Written by",
+        "written_by_value": (
+            "an agent ({agent}, in run {run_id}), not a person; everyone who reads it is told so"
+        ),
+        "claim": "Claim",
+        "kept_until": "Kept until",
+        "kept_until_value": "{day} ({duration} from now), unless it is erased sooner",
+        "tags": "Tags",
+        "tags_joiner": ", ",
+        "importance": "Importance",
+        "importance_value": "{n} of 5",
+        "personal_data": (
+            "Personal data: this is about a person ({about}). Assistants in your organisation "
+            "may be shown it until {day}; the person may ask to see everything held "
+            "about them and to have it erased."
+        ),
+        "inference": "This is the agent's own inference about a person, not something they said.",
+        "remember_summary": 'Keep a memory about {about}: "{text}"',
+        "fact": "Fact",
+        "old_value": "Old value",
+        "old_value_known": '"{previous}" (the change is refused if the fact no longer holds this)',
+        "old_value_unknown": (
+            "not known to the agent; any current value stays in the fact's history"
+        ),
+        "new_value": "New value",
+        "profile_summary": 'Set {key} for {about} to "{value}"',
+        "day": "{n} day",
+        "days": "{n} days",
+        "hour": "{n} hour",
+        "hours": "{n} hours",
+    },
+    "zh-Hans": {
+        "workspace": "工作区（不是个人）",
+        "asking": "{described}（提问者本人）",
+        "what": "将保存的内容",
+        "about": "关于",
+        "written_by": "写入者",
+        "written_by_value": (
+            "智能体（{agent}，运行 {run_id}），不是人；每个读到它的人都会被告知这一点"
+        ),
+        "claim": "信息性质",
+        "kept_until": "保存至",
+        "kept_until_value": "{day}（从现在起 {duration}），除非提前被删除",
+        "tags": "标签",
+        "tags_joiner": "、",
+        "importance": "重要程度",
+        "importance_value": "{n}/5",
+        "personal_data": (
+            "个人数据：这条信息涉及一个人（{about}）。在 {day} 之前，你所在组织的助手可能会"
+            "看到它；当事人可以要求查看关于自己的全部信息，并要求删除。"
+        ),
+        "inference": "这是智能体自己对某个人的推断，而不是当事人说过的话。",
+        "remember_summary": "保存一条关于{about}的记忆：“{text}”",
+        "fact": "资料项",
+        "old_value": "原值",
+        "old_value_known": "“{previous}”（如果该资料项已不是这个值，更改会被拒绝）",
+        "old_value_unknown": "智能体不知道；当前的值会保留在该资料项的历史记录中",
+        "new_value": "新值",
+        "profile_summary": "将{about}的 {key} 设为“{value}”",
+        "day": "{n} 天",
+        "days": "{n} 天",
+        "hour": "{n} 小时",
+        "hours": "{n} 小时",
+    },
+}
+
+
+def _texts(language: str) -> dict[str, str]:
+    return CARD_TEXT.get(language, CARD_TEXT["en"])
+
+
+def _card_language(context: ToolContext) -> CardLanguage:
+    return "zh-Hans" if context.language == "zh-Hans" else "en"
+
+
+def describe_subject(subject: MemorySubject, *, caller_id: str = "", language: str = "en") -> str:
+    texts = _texts(language)
     if not subject.is_person:
-        return "the workspace (not a person)"
-    described = f"{subject.kind.lower()} {subject.id}"
+        return texts["workspace"]
+    if language == "zh-Hans":
+        described = f"{_SUBJECT_KIND_WORDS.get(subject.kind, subject.kind.lower())} {subject.id}"
+    else:
+        described = f"{subject.kind.lower()} {subject.id}"
     if subject.kind == "USER" and subject.id == caller_id:
-        return f"{described} (the person asking)"
+        return texts["asking"].format(described=described)
     return described
 
 
@@ -239,106 +349,115 @@ def claim_type_of(arguments: Mapping[str, Any]) -> ClaimTypeName:
     return "UNKNOWN"
 
 
-def duration_words(span: timedelta) -> str:
+def duration_words(span: timedelta, *, language: str = "en") -> str:
+    texts = _texts(language)
     days = span / timedelta(days=1)
     if days >= 1:
         whole = round(days)
-        return f"{whole} day" if whole == 1 else f"{whole} days"
+        return texts["day" if whole == 1 else "days"].format(n=whole)
     hours = max(round(span / timedelta(hours=1)), 1)
-    return f"{hours} hour" if hours == 1 else f"{hours} hours"
+    return texts["hour" if hours == 1 else "hours"].format(n=hours)
 
 
 def _day(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%d")
 
 
-def _written_by(context: ToolContext) -> CardDetail:
+def _written_by(context: ToolContext, texts: Mapping[str, str]) -> CardDetail:
     return CardDetail(
-        "Written by",
-        f"an agent ({context.agent}, in run {context.run_id}), not a person; "
-        "everyone who reads it is told so",
+        texts["written_by"],
+        texts["written_by_value"].format(agent=context.agent, run_id=context.run_id),
     )
 
 
-def _kept_until(now: datetime, ttl: timedelta) -> CardDetail:
+def _kept_until(
+    now: datetime, ttl: timedelta, texts: Mapping[str, str], language: str
+) -> CardDetail:
     return CardDetail(
-        "Kept until",
-        f"{_day(now + ttl)} ({duration_words(ttl)} from now), unless it is erased sooner",
+        texts["kept_until"],
+        texts["kept_until_value"].format(
+            day=_day(now + ttl), duration=duration_words(ttl, language=language)
+        ),
     )
 
 
-def _personal_data_warning(about: str, *, until: datetime) -> str:
-    return (
-        f"Personal data: this is about a person ({about}). Assistants in your organisation "
-        f"may be shown it until {_day(until)}; the person may ask to see everything held "
-        "about them and to have it erased."
-    )
+def _personal_data_warning(about: str, *, until: datetime, texts: Mapping[str, str]) -> str:
+    return texts["personal_data"].format(about=about, day=_day(until))
 
 
 def remember_card(
     arguments: Mapping[str, Any], context: ToolContext, *, now: datetime, ttl: timedelta
 ) -> ConfirmationCard:
-    """What a person reads before an agent keeps a memory."""
+    """What a person reads before an agent keeps a memory, in the run's language."""
+    language = _card_language(context)
+    texts = _texts(language)
     caller = context.principal.user_id
     subject = resolve_subject(arguments.get("subject", {}), caller_id=caller)
-    about = describe_subject(subject, caller_id=caller)
+    about = describe_subject(subject, caller_id=caller, language=language)
     text = " ".join(str(arguments.get("text", "")).split())
     claim = claim_type_of(arguments)
     details = [
-        CardDetail("What will be kept", text),
-        CardDetail("About", about),
-        _written_by(context),
-        CardDetail(
-            "Claim",
-            _CLAIMS[claim] if claim != "UNKNOWN" else "not stated (the agent did not say)",
-        ),
-        _kept_until(now, ttl),
+        CardDetail(texts["what"], text),
+        CardDetail(texts["about"], about),
+        _written_by(context, texts),
+        CardDetail(texts["claim"], _CLAIMS[language][claim]),
+        _kept_until(now, ttl, texts, language),
     ]
     tags = [str(t) for t in arguments.get("tags", ())]
     if tags:
-        details.append(CardDetail("Tags", ", ".join(tags)))
+        details.append(CardDetail(texts["tags"], texts["tags_joiner"].join(tags)))
     if "importance" in arguments:
-        details.append(CardDetail("Importance", f"{arguments['importance']} of 5"))
+        details.append(
+            CardDetail(
+                texts["importance"], texts["importance_value"].format(n=arguments["importance"])
+            )
+        )
     warnings: list[str] = []
     if subject.is_person:
-        warnings.append(_personal_data_warning(about, until=now + ttl))
+        warnings.append(_personal_data_warning(about, until=now + ttl, texts=texts))
         if claim == "INFERENCE":
-            warnings.append(
-                "This is the agent's own inference about a person, not something they said."
-            )
+            warnings.append(texts["inference"])
     return ConfirmationCard(
-        summary=f'Keep a memory about {about}: "{text}"',
+        summary=texts["remember_summary"].format(about=about, text=text),
         details=tuple(details),
         warnings=tuple(warnings),
+        language=language,
     )
 
 
 def update_profile_card(
     arguments: Mapping[str, Any], context: ToolContext, *, now: datetime, ttl: timedelta
 ) -> ConfirmationCard:
-    """What a person reads before an agent changes a profile fact."""
+    """What a person reads before an agent changes a profile fact, in the run's language."""
+    language = _card_language(context)
+    texts = _texts(language)
     caller = context.principal.user_id
     subject = resolve_subject(arguments.get("subject", {}), caller_id=caller)
-    about = describe_subject(subject, caller_id=caller)
+    about = describe_subject(subject, caller_id=caller, language=language)
     key = str(arguments.get("key", ""))
     value = " ".join(str(arguments.get("value", "")).split())
     previous = arguments.get("previous_value")
     old_value = (
-        f'"{previous}" (the change is refused if the fact no longer holds this)'
+        texts["old_value_known"].format(previous=previous)
         if isinstance(previous, str)
-        else "not known to the agent; any current value stays in the fact's history"
+        else texts["old_value_unknown"]
     )
     details = (
-        CardDetail("Fact", key),
-        CardDetail("About", about),
-        CardDetail("Old value", old_value),
-        CardDetail("New value", value),
-        _written_by(context),
-        _kept_until(now, ttl),
+        CardDetail(texts["fact"], key),
+        CardDetail(texts["about"], about),
+        CardDetail(texts["old_value"], old_value),
+        CardDetail(texts["new_value"], value),
+        _written_by(context, texts),
+        _kept_until(now, ttl, texts, language),
     )
-    warnings = (_personal_data_warning(about, until=now + ttl),) if subject.is_person else ()
+    warnings = (
+        (_personal_data_warning(about, until=now + ttl, texts=texts),) if subject.is_person else ()
+    )
     return ConfirmationCard(
-        summary=f'Set {key} for {about} to "{value}"', details=details, warnings=warnings
+        summary=texts["profile_summary"].format(key=key, about=about, value=value),
+        details=details,
+        warnings=warnings,
+        language=language,
     )
 
 
@@ -422,7 +541,7 @@ def memory_json(memory: RecalledMemory) -> dict[str, JSONValue]:
         "text": memory.text,
         "about": _subject_words(memory.subject_kind, memory.subject_id),
         "origin": origin_of(memory.author_kind, memory.author_id, memory.run_id, memory.created_at),
-        "claim_type": _CLAIMS.get(memory.claim_type, "unknown"),
+        "claim_type": _CLAIMS_FOR_MODEL.get(memory.claim_type, "unknown"),
         "kept_until": _day(memory.expires_at) if memory.expires_at is not None else "",
     }
 

@@ -107,10 +107,19 @@ def append_note_tool(database: Database) -> Tool:
         return ToolResult(content={"appended": True, "already_appended": appended is None})
 
     def card(arguments: Mapping[str, Any], context: ToolContext) -> ConfirmationCard:
+        text = str(arguments.get("text", ""))
+        if context.language == "zh-Hans":
+            return ConfirmationCard(
+                summary="在测试记录中追加一条笔记",
+                details=(CardDetail(label="笔记", value=text),),
+                warnings=("仅供测试的工具：只在设置了 CAIRN_TEST_WRITE_TOOL=1 的环境中存在。",),
+                language="zh-Hans",
+            )
         return ConfirmationCard(
             summary="Append a note to the test ledger",
-            details=(CardDetail(label="Note", value=str(arguments.get("text", ""))),),
+            details=(CardDetail(label="Note", value=text),),
             warnings=("A test-only tool: it exists only where CAIRN_TEST_WRITE_TOOL=1.",),
+            language="en",
         )
 
     return Tool(

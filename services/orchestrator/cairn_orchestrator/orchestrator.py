@@ -43,6 +43,7 @@ from cairn_orchestrator.domain import (
     RunState,
     StepStart,
     Trajectory,
+    card_language,
 )
 from cairn_orchestrator.erasure import ErasedCopies
 from cairn_orchestrator.errors import BadPageToken, RunNotVisible, StoreUnavailable, UnknownAgent
@@ -170,8 +171,13 @@ class Orchestrator:
         question: str,
         conversation_id: str,
         earlier: Sequence[ConversationTurn],
+        language: str = "",
     ) -> Run:
         spec = self._catalog.get(agent)
+        try:
+            run_language = card_language(language)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from exc
         if not question.strip():
             raise InvalidInput("input must hold the question to answer; it was empty")
         if len(question) > MAX_INPUT_CHARS:
@@ -188,6 +194,7 @@ class Orchestrator:
             question=question,
             conversation_id=conversation_id,
             earlier=earlier,
+            language=run_language,
         )
 
     async def get_run(self, principal: Principal, run_id: str) -> Run:

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Protocol
 
 from cairn_orchestrator.domain import (
+    ENGLISH,
     ArchivedBlock,
     CallCredentials,
     Citation,
@@ -32,6 +33,7 @@ from cairn_orchestrator.domain import (
     RecallOutcome,
     RememberOutcome,
     Run,
+    RunLanguage,
     RunState,
     RunUsage,
     SearchOutcome,
@@ -160,6 +162,7 @@ class RunStore(Protocol):
         earlier_turns: Sequence[ConversationTurn],
         trace_id: str,
         root_span_id: str = "",
+        language: RunLanguage = ENGLISH,
     ) -> Run: ...
 
     async def record_step(

@@ -59,6 +59,7 @@ from cairn_orchestrator.confirmations import (
     resolved_detail,
 )
 from cairn_orchestrator.domain import (
+    ENGLISH,
     SUBJECT_KINDS,
     Citation,
     Confirmation,
@@ -73,6 +74,7 @@ from cairn_orchestrator.domain import (
     MemorySubject,
     PageCursor,
     Run,
+    RunLanguage,
     RunState,
     RunUsage,
     Step,
@@ -109,6 +111,9 @@ _RUN_FIELDS = (
     "model_calls",
     "created_at",
     "updated_at",
+    "language",
+    "language_fallback",
+    "cancelled_by",
 )
 _CONFIRMATION_FIELDS = (
     "confirmation_token",
@@ -209,6 +214,9 @@ def _run(row: asyncpg.Record) -> Run:
             model_calls=row["model_calls"],
         ),
         pending_confirmation=pending,
+        language="zh-Hans" if row["language"] == "zh-Hans" else "en",
+        language_fallback=row["language_fallback"],
+        cancelled_by=row["cancelled_by"],
     )
 
 
@@ -383,14 +391,16 @@ class PostgresRunStore:
         earlier_turns: Sequence[ConversationTurn],
         trace_id: str,
         root_span_id: str = "",
+        language: RunLanguage = ENGLISH,
     ) -> Run:
         async with self._connection() as conn:
             row = await conn.fetchrow(
                 f"""
                 INSERT INTO runs (run_id, org_id, user_id, agent, state, input, conversation_id,
-                                  earlier_turns, trace_id, root_span_id, lease_owner, lease_until)
+                                  earlier_turns, trace_id, root_span_id, lease_owner, lease_until,
+                                  language, language_fallback)
                 VALUES ($1, $2, $3, $4, 'RUNNING', $5, $6, $7::jsonb, $8, $9, $10,
-                        clock_timestamp() + make_interval(secs => $11))
+                        clock_timestamp() + make_interval(secs => $11), $12, $13)
                 RETURNING {_RUN_COLUMNS}
                 """,
                 run_id,
@@ -404,6 +414,8 @@ class PostgresRunStore:
                 root_span_id,
                 self.owner,
                 self.lease_seconds,
+                language.language,
+                language.fallback,
             )
         return _run(row)
 

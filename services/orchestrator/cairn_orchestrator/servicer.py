@@ -94,6 +94,8 @@ def run_to_proto(run: Run) -> pb.Run:
             if run.pending_confirmation is not None
             else None
         ),
+        language=run.language,
+        cancelled_by=run.cancelled_by,
     )
 
 
@@ -159,6 +161,8 @@ def pending_to_proto(pending: PendingConfirmation) -> pb.PendingConfirmation:
             summary=pending.card.summary,
             details=[pb.CardDetail(label=d.label, value=d.value) for d in pending.card.details],
             warnings=list(pending.card.warnings),
+            language=pending.card.language,
+            language_fallback=pending.card.language_fallback,
         ),
         created_at=timestamp_to_proto(pending.created_at),
         expires_at=timestamp_to_proto(pending.expires_at),
@@ -225,6 +229,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
             question=request.input,
             conversation_id=request.conversation_id,
             earlier=earlier,
+            language=request.language,
         )
         return pb.StartRunResponse(run=run_to_proto(run))
 
@@ -275,6 +280,12 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
             note=request.note,
         )
         return pb.ResolveConfirmationResponse(run=run_to_proto(run))
+
+    async def CancelRun(
+        self, request: pb.CancelRunRequest, context: Context
+    ) -> pb.CancelRunResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "CancelRun is not implemented yet")
+        raise AssertionError("abort raises")
 
     async def ListPendingConfirmations(
         self, request: pb.ListPendingConfirmationsRequest, context: Context

@@ -16,6 +16,7 @@ from typing import Any
 
 from cairn_libs.identity import Principal
 from cairn_orchestrator.domain import (
+    ENGLISH,
     AgentSpec,
     ArchivedBlock,
     Budgets,
@@ -35,6 +36,7 @@ from cairn_orchestrator.domain import (
     RecallOutcome,
     RememberOutcome,
     Run,
+    RunLanguage,
     RunState,
     RunUsage,
     SearchOutcome,
@@ -374,6 +376,7 @@ class MemoryRunStore:
         earlier_turns: Sequence[ConversationTurn],
         trace_id: str,
         root_span_id: str = "",
+        language: RunLanguage = ENGLISH,
     ) -> Run:
         now = self._clock.now() + timedelta(microseconds=next(self._ticks))
         run = Run(
@@ -387,6 +390,8 @@ class MemoryRunStore:
             trace_id=trace_id,
             created_at=now,
             updated_at=now,
+            language=language.language,
+            language_fallback=language.fallback,
         )
         self.runs[run_id] = _StoredRun(run)
         return run
