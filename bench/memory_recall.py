@@ -57,15 +57,14 @@ from cairn_libs.stack import (
     wait_for_health,
 )
 from cairn_memory.domain import Subject, SubjectKind, normalised_text
-from cairn_memory.postgres import (
-    SCHEMA,
+from cairn_memory.pg_memories import (
     SEMANTIC_SETTINGS,
-    memory_database,
     newest_recall_args,
     newest_recall_sql,
     semantic_recall_args,
     semantic_recall_sql,
 )
+from cairn_memory.postgres import SCHEMA, memory_database
 
 # Bump when the generator, the layout or the stored columns change: a new version
 # builds a new database; old ones can be dropped by hand (`bench_memory_v*`).

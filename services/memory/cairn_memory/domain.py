@@ -22,7 +22,7 @@ from typing import Final
 
 from cairn_libs import subject_access
 from cairn_libs.identity import CallIdentity
-from cairn_memory.errors import NotOneSentence, RefusedInput, SecretInText
+from cairn_memory.errors import NotOneSentence, ProfileValueChanged, RefusedInput, SecretInText
 from cairn_memory.screening import secret_kind, sentence_count
 
 MAX_TEXT_CHARS: Final = 300
@@ -776,3 +776,27 @@ def block_search(*, query: str, limit: int, conversation_id: str) -> BlockSearch
         limit=limit or DEFAULT_BLOCK_LIMIT,
         conversation_id=conversation_id.strip() or None,
     )
+
+
+def check_previous_value(update: ProfileUpdate, *, live: bool, current_value: str | None) -> None:
+    """Whether an update naming the value it replaces may go ahead; a decision, so
+    it lives here and the store only reads the current value under its row lock."""
+    expected = update.previous_value
+    key = update.fact_key
+    if not live:
+        if expected:
+            raise ProfileValueChanged(
+                f"previous_value {shown(expected)} does not match: {key!r} has no current value; "
+                "send previous_value '' (or leave it unset) to set it"
+            )
+        return
+    if current_value is None:
+        raise ProfileValueChanged(
+            f"the current value of {key!r} is encrypted and this deployment holds no key, "
+            "so previous_value cannot be compared; leave previous_value unset to replace it"
+        )
+    if current_value != expected:
+        raise ProfileValueChanged(
+            f"previous_value {shown(expected or '')} is not the current value of {key!r}; "
+            "read the profile again (Held or Recall with include_profile) and retry"
+        )

@@ -45,7 +45,7 @@ from cairn_memory.domain import (
     profile_update,
     recall_mode,
 )
-from cairn_memory.postgres import PostgresStore
+from cairn_memory.ports import Store
 
 log = structlog.get_logger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -57,7 +57,7 @@ class MemoryKeeper:
     def __init__(
         self,
         *,
-        store: PostgresStore,
+        store: Store,
         embedder: Embedder | None,
         clock: Clock,
         ttl: timedelta = DEFAULT_TTL,
@@ -98,7 +98,7 @@ class MemoryKeeper:
         )
         embedding = await self._embed(memory.text) if self._embedder is not None else None
         with tracer.start_as_current_span("memory.remember") as span:
-            held, already_held = await self._store.remember(
+            held, already_held = await self._store.memories.remember(
                 memory, org_id=identity.principal.org_id, embedding=embedding
             )
             span.set_attribute("cairn.memory.already_held", already_held)
@@ -122,7 +122,7 @@ class MemoryKeeper:
         ) as span:
             if mode is RecallMode.SEMANTIC:
                 vector = await self._embed(query.query)
-                memories = await self._store.recall_semantic(
+                memories = await self._store.memories.recall_semantic(
                     org_id=principal.org_id,
                     subject=query.subject,
                     vector=vector,
@@ -130,12 +130,12 @@ class MemoryKeeper:
                     now=now,
                 )
             else:
-                memories = await self._store.recall_newest(
+                memories = await self._store.memories.recall_newest(
                     org_id=principal.org_id, subject=query.subject, k=query.k, now=now
                 )
             profile: list[ProfileFact] = []
             if query.include_profile and query.subject is not None:
-                profile = await self._store.current_profile(
+                profile = await self._store.profiles.current_profile(
                     org_id=principal.org_id, subject=query.subject, now=now
                 )
             span.set_attribute("cairn.memory.returned", len(memories))
@@ -152,7 +152,9 @@ class MemoryKeeper:
     async def held(self, query: HeldQuery, principal: Principal) -> HeldAbout:
         _require_subject_access(query.subject, principal)
         with tracer.start_as_current_span("memory.held"):
-            return await self._store.held(query, org_id=principal.org_id, now=self._clock.now())
+            return await self._store.subjects.held(
+                query, org_id=principal.org_id, now=self._clock.now()
+            )
 
     async def forget(self, subject: Subject, principal: Principal, *, caller_token: str) -> Erasure:
         """Erase everything held about `subject` here, then every copy elsewhere (I9).
@@ -163,7 +165,7 @@ class MemoryKeeper:
         """
         _require_subject_access(subject, principal)
         with tracer.start_as_current_span("memory.forget"):
-            erasure, erasure_id = await self._store.forget(
+            erasure, erasure_id = await self._store.subjects.forget(
                 org_id=principal.org_id,
                 subject=subject,
                 erased_by=principal.user_id,
@@ -177,7 +179,9 @@ class MemoryKeeper:
                 blocks_erased=erasure.blocks_erased,
             )
             await self._copy_holders.forget_copies(subject, caller_token=caller_token)
-            await self._store.mark_copies_erased(org_id=principal.org_id, erasure_id=erasure_id)
+            await self._store.subjects.mark_copies_erased(
+                org_id=principal.org_id, erasure_id=erasure_id
+            )
         return replace(erasure, copies_erased=True)
 
     async def close(self) -> None:
@@ -202,24 +206,29 @@ class MemoryKeeper:
             ttl=self._ttl,
         )
         with tracer.start_as_current_span("memory.update_profile"):
-            return await self._store.update_profile(update, org_id=identity.principal.org_id)
+            return await self._store.profiles.update_profile(
+                update, org_id=identity.principal.org_id
+            )
 
     async def archive(self, draft: BlockDraft, principal: Principal) -> str:
         with tracer.start_as_current_span("memory.archive"):
             now = self._clock.now()
-            number = await self._store.archive(
+            number = await self._store.blocks.archive(
                 draft,
                 org_id=principal.org_id,
                 user_id=principal.user_id,
                 now=now,
                 expires_at=now + self._block_ttl,
             )
+        if number is None:
+            # The conversation is someone else's: the one denial, nothing kept.
+            raise Denied()
         return format_block_id(number)
 
     async def recall_block(self, raw_block_id: str, principal: Principal) -> Block:
         number = block_number(raw_block_id)
         with tracer.start_as_current_span("memory.recall_block"):
-            block = await self._store.recall_block(
+            block = await self._store.blocks.recall_block(
                 org_id=principal.org_id,
                 user_id=principal.user_id,
                 number=number,
@@ -231,13 +240,16 @@ class MemoryKeeper:
 
     async def search_blocks(self, search: BlockSearch, principal: Principal) -> list[Block]:
         with tracer.start_as_current_span("memory.search_blocks"):
-            if search.conversation_id is not None and not await self._store.owns_conversation(
-                org_id=principal.org_id,
-                user_id=principal.user_id,
-                conversation_id=search.conversation_id,
+            if (
+                search.conversation_id is not None
+                and not await self._store.blocks.owns_conversation(
+                    org_id=principal.org_id,
+                    user_id=principal.user_id,
+                    conversation_id=search.conversation_id,
+                )
             ):
                 raise Denied()
-            return await self._store.search_blocks(
+            return await self._store.blocks.search_blocks(
                 search, org_id=principal.org_id, user_id=principal.user_id, now=self._clock.now()
             )
 
@@ -258,14 +270,14 @@ class MemoryKeeper:
         recall can find them once one is. Returns how many were embedded."""
         if self._embedder is None:
             return 0
-        pending = await self._store.memories_without_embedding(
+        pending = await self._store.memories.memories_without_embedding(
             limit=BACKFILL_BATCH, now=self._clock.now()
         )
         if not pending:
             return 0
         with tracer.start_as_current_span("memory.backfill_embeddings"):
             vectors = await self._embedder.embed([text for _, _, text in pending])
-            await self._store.set_embeddings(
+            await self._store.memories.set_embeddings(
                 [(org, mid, vec) for (org, mid, _), vec in zip(pending, vectors, strict=True)]
             )
         log.info("memory.embeddings_backfilled", count=len(pending))

@@ -392,7 +392,7 @@ async def test_every_way_the_database_fails_is_unavailable_never_internal(
     pool = FailingPool(error_type("the server went away"), on_acquire=on_acquire)
     store = PostgresStore(cast(Database, FailingDatabase(pool)), vault=PlainVault())
     with pytest.raises(StorageUnavailable) as info:
-        await store.recall_newest(org_id="o", subject=None, k=5, now=NOW)
+        await store.memories.recall_newest(org_id="o", subject=None, k=5, now=NOW)
     assert status_for(info.value)[0] == grpc.StatusCode.UNAVAILABLE
 
 
@@ -400,7 +400,7 @@ async def test_a_value_the_database_cannot_hold_is_invalid_argument_not_an_outag
     pool = FailingPool(asyncpg.DataError("invalid input for query argument $2"), on_acquire=False)
     store = PostgresStore(cast(Database, FailingDatabase(pool)), vault=PlainVault())
     with pytest.raises(RefusedInput) as info:
-        await store.recall_newest(org_id="o", subject=None, k=5, now=NOW)
+        await store.memories.recall_newest(org_id="o", subject=None, k=5, now=NOW)
     assert status_for(info.value)[0] == INVALID
     assert "$2" not in info.value.message
 

@@ -10,14 +10,15 @@ from datetime import UTC, datetime
 import numpy as np
 import pytest
 
-import cairn_memory.postgres as postgres
+import cairn_memory.pg_memories as pg_memories
 from cairn_libs.db import Database
 from cairn_libs.embedding import Embedder
 from cairn_libs.identity import CallIdentity, Principal
 from cairn_memory.clock import FakeClock
 from cairn_memory.domain import RecallMode, RecallQuery, RememberDraft, Subject, SubjectKind
 from cairn_memory.keeper import MemoryKeeper
-from cairn_memory.postgres import PostgresStore, semantic_recall_args, semantic_recall_sql
+from cairn_memory.pg_memories import semantic_recall_args, semantic_recall_sql
+from cairn_memory.postgres import PostgresStore
 from cairn_memory.vault import PlainVault
 
 NOTES = (
@@ -64,7 +65,7 @@ async def test_a_short_approximate_answer_is_redone_exactly(
         sql = semantic_recall_sql(subject, exact=exact)
         return sql if exact else sql.replace("LIMIT $4", "LIMIT least($4, 1)")
 
-    monkeypatch.setattr(postgres, "semantic_recall_sql", approximate_finds_one)
+    monkeypatch.setattr(pg_memories, "semantic_recall_sql", approximate_finds_one)
     recalled = await keeper_with_notes.recall(
         RecallQuery(query=QUERY, subject=None, k=4, include_profile=False),
         Principal(org_id=new_org, user_id="alice"),
