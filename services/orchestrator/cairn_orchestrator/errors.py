@@ -46,10 +46,15 @@ class UnknownAgent(OrchestratorError, InvalidInput):
 
 
 class BadPageToken(OrchestratorError, InvalidInput):
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, *, filtered: str = "") -> None:
+        issued = (
+            f"was not issued by ListRuns for runs in {filtered}"
+            if filtered
+            else "was not issued by ListRuns"
+        )
         super().__init__(
-            f"page_token {token[:40]!r} was not issued by ListRuns; pass the "
-            "next_page_token of the previous page, or an empty token for the first page"
+            f"page_token {token[:40]!r} {issued}; pass the next_page_token of the "
+            "previous page with the same state filter, or an empty token for the first page"
         )
 
 

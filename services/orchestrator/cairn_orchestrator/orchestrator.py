@@ -70,7 +70,13 @@ def viewer_scope(principal: Principal) -> str | None:
 
 def encode_page_token(cursor: PageCursor) -> str:
     raw = json.dumps(
-        {"c": cursor.created_at.isoformat(), "r": cursor.run_id}, separators=(",", ":")
+        {
+            "c": cursor.created_at.isoformat(),
+            "r": cursor.run_id,
+            # The filter the token was issued under: a token is only good for it.
+            "s": cursor.state.value if cursor.state is not None else "",
+        },
+        separators=(",", ":"),
     )
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
@@ -78,7 +84,9 @@ def encode_page_token(cursor: PageCursor) -> str:
 _RUN_ID_SHAPE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-def decode_page_token(token: str) -> PageCursor | None:
+def decode_page_token(token: str, *, state: RunState | None = None) -> PageCursor | None:
+    """The cursor a token names, refused (BadPageToken) unless encode_page_token made
+    it for this same filter: the next page of another listing is not this one's."""
     if not token:
         return None
     try:
@@ -86,6 +94,7 @@ def decode_page_token(token: str) -> PageCursor | None:
         value = json.loads(base64.urlsafe_b64decode(padded.encode()))
         created_at = datetime.fromisoformat(value["c"])
         run_id = value["r"]
+        issued_for = value["s"]
         # A time whose UTC form leaves the calendar (0001-01-01+14:00) is not ours.
         if created_at.utcoffset() is not None:
             created_at.astimezone(UTC)
@@ -99,7 +108,10 @@ def decode_page_token(token: str) -> PageCursor | None:
         or not _RUN_ID_SHAPE.fullmatch(run_id)
     ):
         raise BadPageToken(token)
-    return PageCursor(created_at=created_at, run_id=run_id)
+    wanted = state.value if state is not None else ""
+    if issued_for != wanted:
+        raise BadPageToken(token, filtered=wanted or "every state")
+    return PageCursor(created_at=created_at, run_id=run_id, state=state)
 
 
 def page_size(requested: int) -> int:
@@ -206,21 +218,29 @@ class Orchestrator:
         return run
 
     async def list_runs(
-        self, principal: Principal, *, requested_size: int, page_token: str
+        self,
+        principal: Principal,
+        *,
+        requested_size: int,
+        page_token: str,
+        state: RunState | None = None,
     ) -> RunPage:
+        """The caller's runs (an admin: the org's), newest first, in `state` only
+        when given; the next page's token is bound to the same filter."""
         size = page_size(requested_size)
         runs = await self._store.list_runs(
             org_id=principal.org_id,
             user_id=viewer_scope(principal),
             limit=size + 1,
-            after=decode_page_token(page_token),
+            after=decode_page_token(page_token, state=state),
+            state=state,
         )
         page = tuple(runs[:size])
         next_token = ""
         if len(runs) > size:
             last = page[-1]
             next_token = encode_page_token(
-                PageCursor(created_at=last.created_at, run_id=last.run_id)
+                PageCursor(created_at=last.created_at, run_id=last.run_id, state=state)
             )
         return RunPage(runs=page, next_page_token=next_token)
 

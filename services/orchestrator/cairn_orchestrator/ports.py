@@ -204,7 +204,13 @@ class RunStore(Protocol):
         ...
 
     async def list_runs(
-        self, *, org_id: str, user_id: str | None, limit: int, after: PageCursor | None
+        self,
+        *,
+        org_id: str,
+        user_id: str | None,
+        limit: int,
+        after: PageCursor | None,
+        state: RunState | None = None,
     ) -> list[Run]:
         """Newest first, narrowed like get_run."""
         ...

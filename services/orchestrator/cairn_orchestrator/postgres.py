@@ -529,13 +529,20 @@ class PostgresRunStore:
         return _run(row) if row is not None else None
 
     async def list_runs(
-        self, *, org_id: str, user_id: str | None, limit: int, after: PageCursor | None
+        self,
+        *,
+        org_id: str,
+        user_id: str | None,
+        limit: int,
+        after: PageCursor | None,
+        state: RunState | None = None,
     ) -> list[Run]:
         async with self._connection() as conn:
             rows = await conn.fetch(
                 _RUN_WITH_PENDING
                 + """
                 WHERE r.org_id = $1 AND ($2::text IS NULL OR r.user_id = $2)
+                  AND ($6::text IS NULL OR r.state = $6)
                   AND ($3::timestamptz IS NULL OR (r.created_at, r.run_id) < ($3, $4::text))
                 ORDER BY r.created_at DESC, r.run_id DESC
                 LIMIT $5
@@ -545,6 +552,7 @@ class PostgresRunStore:
                 after.created_at if after else None,
                 after.run_id if after else "",
                 limit,
+                state.value if state is not None else None,
             )
         return [_run(row) for row in rows]
 

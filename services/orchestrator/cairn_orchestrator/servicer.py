@@ -28,6 +28,7 @@ from cairn_orchestrator.domain import (
     PendingConfirmation,
     Run,
     RunEvent,
+    RunState,
     Step,
 )
 from cairn_orchestrator.loop import Caller
@@ -181,6 +182,21 @@ def _enum_label(enum: Any, value: int) -> str:
         return f"{value!r} (not a value the schema defines)"
 
 
+def run_state_from_proto(state: int) -> RunState | None:
+    """A ListRuns filter: None for UNSPECIFIED (every state), refusing numbers the
+    schema lacks."""
+    if state == pb.RUN_STATE_UNSPECIFIED:
+        return None
+    try:
+        return RunState(pb.RunState.Name(pb.RunState.ValueType(state)).removeprefix("RUN_STATE_"))
+    except ValueError as exc:
+        raise InvalidInput(
+            f"state {_enum_label(pb.RunState, state)} is not a run state; use one of "
+            + ", ".join(f"RUN_STATE_{s.value}" for s in RunState)
+            + ", or RUN_STATE_UNSPECIFIED for every state"
+        ) from exc
+
+
 def turn_from_proto(turn: pb.ConversationTurn, index: int) -> ConversationTurn:
     if turn.role == pb.TURN_ROLE_USER:
         return ConversationTurn(role="user", content=turn.content)
@@ -248,6 +264,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
             current_identity().principal,
             requested_size=request.page_size,
             page_token=request.page_token,
+            state=run_state_from_proto(request.state),
         )
         return pb.ListRunsResponse(
             runs=[run_to_proto(r) for r in page.runs], next_page_token=page.next_page_token

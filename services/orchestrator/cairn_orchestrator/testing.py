@@ -461,12 +461,20 @@ class MemoryRunStore:
         return stored.run
 
     async def list_runs(
-        self, *, org_id: str, user_id: str | None, limit: int, after: PageCursor | None
+        self,
+        *,
+        org_id: str,
+        user_id: str | None,
+        limit: int,
+        after: PageCursor | None,
+        state: RunState | None = None,
     ) -> list[Run]:
         runs = [
             s.run
             for s in self.runs.values()
-            if s.run.org_id == org_id and (user_id is None or s.run.user_id == user_id)
+            if s.run.org_id == org_id
+            and (user_id is None or s.run.user_id == user_id)
+            and (state is None or s.run.state is state)
         ]
         runs.sort(key=lambda r: (r.created_at, r.run_id), reverse=True)
         if after is not None:
