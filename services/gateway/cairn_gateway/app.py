@@ -8,6 +8,8 @@ it is set, never its value.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -27,13 +29,14 @@ from cairn_gateway.config import (
 )
 from cairn_gateway.domain import UnusableProvider
 from cairn_gateway.embeddings import Embeddings
-from cairn_gateway.errors import ConfigInvalid
-from cairn_gateway.postgres import PostgresLedger
+from cairn_gateway.errors import ConfigInvalid, CooldownsUnavailable
+from cairn_gateway.postgres import PostgresCooldowns, PostgresLedger
 from cairn_gateway.provider import ChatProvider, OpenAICompatibleProvider, api_key_for
 from cairn_gateway.router import Router
 from cairn_gateway.servicer import SERVICE_NAME, GatewayServicer
 from cairn_libs.db import Database, database_url, load_migrations
 from cairn_libs.embedding import embedder_from_env
+from cairn_libs.settings import positive_number
 
 log = structlog.get_logger(__name__)
 # The one line that says which configuration is running must reach the log at every
@@ -47,6 +50,8 @@ _startup_log = structlog.wrap_logger(
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 SCHEMA = "gateway"
+COOLDOWN_SYNC_ENV = "CAIRN_GATEWAY_COOLDOWN_SYNC_SECONDS"
+DEFAULT_COOLDOWN_SYNC_SECONDS = 0.5
 
 
 def load_config(env: Mapping[str, str]) -> GatewayConfig:
@@ -131,9 +136,15 @@ class GatewayApp:
         self._db = db
         self._providers, self._unusable = build_providers(config, env)
         self._summary = config_summary(config, self._unusable, env)
+        # How soon a cooldown another replica began is seen here.
+        self._cooldown_sync_seconds = positive_number(
+            COOLDOWN_SYNC_ENV, DEFAULT_COOLDOWN_SYNC_SECONDS, env=env, error=ConfigInvalid
+        )
+        self._cooldown_sync: asyncio.Task[None] | None = None
         self._router = Router(
             self._providers,
             ledger=PostgresLedger(db),
+            shared_cooldowns=PostgresCooldowns(db),
             trace_content=env.get("CAIRN_TRACE_CONTENT", "").strip().lower()
             in ("1", "true", "yes"),
             unusable=self._unusable,
@@ -187,6 +198,25 @@ class GatewayApp:
                 unusable=left_out,
                 consequence="every Chat is FAILED_PRECONDITION and health is NOT_SERVING",
             )
+        self._cooldown_sync = asyncio.create_task(self._sync_cooldowns())
+
+    async def _sync_cooldowns(self) -> None:
+        """Adopt other replicas' cooldowns, every CAIRN_GATEWAY_COOLDOWN_SYNC_SECONDS;
+        one line when the shared ones become unreachable and one when they are back."""
+        reachable = True
+        while True:
+            if await self._db.ready():
+                try:
+                    await self._router.adopt_shared_cooldowns()
+                except CooldownsUnavailable as exc:
+                    if reachable:
+                        log.warning("provider.cooldowns_unshared", error=str(exc))
+                    reachable = False
+                else:
+                    if not reachable:
+                        log.info("provider.cooldowns_shared_again")
+                    reachable = True
+            await asyncio.sleep(self._cooldown_sync_seconds)
 
     async def ready(self) -> bool:
         # A provider being down is degradation reported per call (I11), not
@@ -197,6 +227,10 @@ class GatewayApp:
         return await self._db.ready()
 
     async def stop(self) -> None:
+        if self._cooldown_sync is not None:
+            self._cooldown_sync.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._cooldown_sync
         for provider in self._providers:
             await provider.aclose()
         await self._db.close()

@@ -12,6 +12,8 @@
     │                              providers failed
     │   └── StreamCut              a stream broke after content reached the caller UNAVAILABLE
     ├── LedgerUnavailable          budget/ceiling state in PostgreSQL unreachable UNAVAILABLE
+    │   └── CooldownsUnavailable   shared cooldowns unreachable: never a caller's (each
+    │                              replica keeps its own meanwhile; logged)
     ├── NoUsableProvider           the deployment has no usable provider for the  FAILED_PRECONDITION
     │                              tier, model or embedding model asked (a key
     │                              variable unset, a tier no provider serves)
@@ -79,6 +81,11 @@ class StreamCut(ProviderUnavailable):
 
 class LedgerUnavailable(GatewayError, DependencyUnavailable):
     pass
+
+
+class CooldownsUnavailable(LedgerUnavailable):
+    """The shared cooldowns could not be read or written. A cooldown only spares
+    calls, so this never fails a call: each replica keeps its own meanwhile."""
 
 
 class NoUsableProvider(GatewayError, Conflict):

@@ -1,4 +1,5 @@
-"""Run reservations and provider ceilings in PostgreSQL, shared by all replicas.
+"""Run reservations, provider ceilings and provider cooldowns in PostgreSQL,
+shared by all replicas.
 
 Each check-and-take runs in one short transaction under an advisory lock on the
 run or the provider, so two gateways cannot both read "room for one more" and
@@ -16,13 +17,15 @@ import asyncpg
 from cairn_gateway.config import ProviderConfig
 from cairn_gateway.domain import (
     ChatRequest,
+    CooldownCause,
     ceiling_bucket,
     ceiling_window_floor,
     check_ceiling,
     check_run_budget,
 )
-from cairn_gateway.errors import LedgerUnavailable
+from cairn_gateway.errors import CooldownsUnavailable, LedgerUnavailable
 from cairn_gateway.ledger import CeilingGrant
+from cairn_gateway.resilience import Cooling, SharedCooling
 from cairn_libs.db import CONNECTION_ERRORS, Database
 from cairn_libs.errors import DependencyUnavailable
 
@@ -171,6 +174,62 @@ class PostgresLedger:
         except _DB_ERRORS:
             # The bucket keeps the estimate; it leaves the window within 70 seconds.
             return
+
+
+class PostgresCooldowns:
+    """Every replica's running cooldowns in one table, ends only ever moved later.
+    Time is PostgreSQL's: a cooldown is written as "so many seconds from now" and
+    read back as "so many seconds left", so replicas' clocks need not agree."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def share(self, provider: ProviderConfig, cooling: Cooling) -> None:
+        cause = (cooling.cause or CooldownCause.FAILURES).value
+        try:
+            async with self._db.pool.acquire() as conn:
+                await conn.execute(
+                    """
+                    INSERT INTO provider_cooldowns (provider, base_url, cooling_until, cause)
+                    VALUES ($1, $2, clock_timestamp() + make_interval(secs => $3), $4)
+                    ON CONFLICT (provider, base_url) DO UPDATE SET
+                        cause = CASE WHEN EXCLUDED.cooling_until > provider_cooldowns.cooling_until
+                                     THEN EXCLUDED.cause ELSE provider_cooldowns.cause END,
+                        cooling_until = GREATEST(provider_cooldowns.cooling_until,
+                                                 EXCLUDED.cooling_until),
+                        updated_at = clock_timestamp()
+                    """,
+                    provider.name,
+                    provider.base_url,
+                    float(cooling.seconds_left),
+                    cause,
+                )
+        except _DB_ERRORS as exc:
+            raise CooldownsUnavailable(
+                f"the shared cooldowns are unreachable ({type(exc).__name__})"
+            ) from exc
+
+    async def running(self) -> list[SharedCooling]:
+        try:
+            async with self._db.pool.acquire() as conn:
+                rows = await conn.fetch(
+                    "SELECT provider, base_url, cause, "
+                    "extract(epoch FROM cooling_until - clock_timestamp())::float8 AS left_s "
+                    "FROM provider_cooldowns WHERE cooling_until > clock_timestamp()"
+                )
+        except _DB_ERRORS as exc:
+            raise CooldownsUnavailable(
+                f"the shared cooldowns are unreachable ({type(exc).__name__})"
+            ) from exc
+        return [
+            SharedCooling(
+                provider=row["provider"],
+                base_url=row["base_url"],
+                seconds_left=float(row["left_s"]),
+                cause=CooldownCause(row["cause"]),
+            )
+            for row in rows
+        ]
 
 
 def _at(epoch_seconds: float) -> datetime:

@@ -13,18 +13,26 @@ never allowed for an error that would fail the same way again (400, 401, 403) or
 once a stream has sent content. A provider that rate-limits a call, or asks for a
 wait with Retry-After, is not waited for while another provider can take it at once.
 
-`CooldownBoard` keeps the health per provider for this process. It is not shared
-through PostgreSQL as the ceilings are: passing a ceiling is harm done at the
-vendor, whereas a cooldown only spares a call that would probably fail, and sharing
-it would put a database round trip on every call. Each replica learns on its own,
-at the cost of a few failed attempts each.
+`CooldownBoard` keeps the health per provider for this process, and every
+replica's cooldowns meet in PostgreSQL (`SharedCooldowns`, postgres.py): a replica
+that begins or lengthens a cooldown writes its end there at once, and each replica
+reads the running ones every CAIRN_GATEWAY_COOLDOWN_SYNC_SECONDS and adopts any
+that ends later than its own (`CooldownBoard.adopt`). So a provider that is down is
+skipped by every replica, not rediscovered by each at the cost of a few failed
+calls, and the end only ever moves later, across replicas as within one: the
+database keeps GREATEST of the ends it is sent. Reading the table on every call was
+rejected: it would put a database round trip before every model call, where the
+periodic read costs one query per interval per replica. Only the end and its cause
+are shared; the count of failures in a row stays each replica's own, as it
+describes what that replica saw.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from cairn_gateway.config import CooldownPolicy, ProviderConfig, RetryPolicy
 from cairn_gateway.domain import (
@@ -49,6 +57,9 @@ _MAX_DOUBLINGS = 30
 # A cooldown with less than this left is over: a call that waited out a Retry-After
 # must not be skipped by the cooldown that same Retry-After began.
 COOLDOWN_TOLERANCE_SECONDS = 0.005
+# A shared cooldown read back within this of the one held is the same one (the
+# read's round trip moves its end by a few milliseconds).
+ADOPT_TOLERANCE_SECONDS = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,3 +217,50 @@ class CooldownBoard:
         if after.cooling_until > before.cooling_until and after.cooling_for(now) > 0:
             return Cooling(after.cooling_for(now), after.cause)
         return None
+
+    def adopt(
+        self, provider: ProviderConfig, seconds_left: float, cause: CooldownCause | None
+    ) -> bool:
+        """Take on a cooldown another replica began, if it ends later than the one
+        held here; True when it did. Never longer than this provider's own cap, none
+        for a provider configured without cooldowns; the failure counts stay."""
+        if provider.cooldown.max_seconds <= 0:
+            return False
+        now = self._clock()
+        until = now + min(seconds_left, provider.cooldown.max_seconds)
+        before = self._health.get(provider.name, ProviderHealth())
+        if until <= before.cooling_until + ADOPT_TOLERANCE_SECONDS:
+            return False
+        self._health[provider.name] = replace(before, cooling_until=until, cause=cause)
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class SharedCooling:
+    """A cooldown as every replica sees it: its provider (name and base URL), what
+    is left, and why."""
+
+    provider: str
+    base_url: str
+    seconds_left: float
+    cause: CooldownCause | None
+
+
+class SharedCooldowns(Protocol):
+    async def share(self, provider: ProviderConfig, cooling: Cooling) -> None:
+        """Make this cooldown every replica's; an end already later is kept."""
+        ...
+
+    async def running(self) -> Sequence[SharedCooling]:
+        """The cooldowns still running, whichever replica began them."""
+        ...
+
+
+class UnsharedCooldowns:
+    """One gateway alone (tests, a gateway without a database): nothing to share."""
+
+    async def share(self, provider: ProviderConfig, cooling: Cooling) -> None:
+        return None
+
+    async def running(self) -> Sequence[SharedCooling]:
+        return ()

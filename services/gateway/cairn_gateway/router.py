@@ -9,6 +9,10 @@ and one entry in the response's attempts; so is each skip. Unary and streamed ca
 share this loop; a stream forwards content as it arrives and, once any has been
 sent, can only finish or fail, never start over.
 
+A cooldown this replica begins is shared at once (`SharedCooldowns`), and
+`adopt_shared_cooldowns`, called periodically by the app, takes on the ones other
+replicas began (see resilience.py).
+
 The caller's gRPC deadline bounds the whole call: no retry is begun whose wait
 would outlast it, and no attempt is given longer than what is left of it.
 """
@@ -46,11 +50,17 @@ from cairn_gateway.domain import (
     plan_routes,
     tokens_needed,
 )
-from cairn_gateway.errors import NoUsableProvider
+from cairn_gateway.errors import CooldownsUnavailable, NoUsableProvider
 from cairn_gateway.instrumentation import request_attributes, result_attributes, span_name
 from cairn_gateway.ledger import CeilingGrant, Ledger
 from cairn_gateway.provider import AttemptFailed, ChatProvider
-from cairn_gateway.resilience import CooldownBoard, after_attempt
+from cairn_gateway.resilience import (
+    CooldownBoard,
+    Cooling,
+    SharedCooldowns,
+    UnsharedCooldowns,
+    after_attempt,
+)
 from cairn_gateway.wire import MalformedResponse, StreamAssembler, chat_body
 
 log = structlog.get_logger(__name__)
@@ -61,6 +71,8 @@ _USAGE_UNKNOWN = frozenset({Outcome.TIMEOUT, Outcome.STREAM_CUT, Outcome.MALFORM
 # An attempt is never given less than this, so a nearly spent deadline still gets
 # a real try (and a TIMEOUT attempt to report) rather than a zero timeout.
 _MIN_ATTEMPT_SECONDS = 0.05
+# Sharing a cooldown never holds a call up for longer than this.
+_SHARE_TIMEOUT_SECONDS = 1.0
 
 
 @dataclass
@@ -78,6 +90,7 @@ class Router:
         trace_content: bool = False,
         unusable: Sequence[UnusableProvider] = (),
         cooldowns: CooldownBoard | None = None,
+        shared_cooldowns: SharedCooldowns | None = None,
         jitter: random.Random | None = None,
     ) -> None:
         self._providers = {p.config.name: p for p in providers}
@@ -88,11 +101,27 @@ class Router:
         # a request only they could serve is told so, as the deployment's mistake.
         self._unusable = tuple(unusable)
         self._cooldowns = cooldowns or CooldownBoard()
+        self._shared = shared_cooldowns or UnsharedCooldowns()
         self._jitter = jitter or random.Random()
 
     @property
     def configs(self) -> tuple[ProviderConfig, ...]:
         return self._configs
+
+    async def adopt_shared_cooldowns(self) -> None:
+        """Take on the cooldowns other replicas began that end later than ours;
+        raises CooldownsUnavailable when the shared ones cannot be read."""
+        for shared in await self._shared.running():
+            provider = self._providers.get(shared.provider)
+            if provider is None or provider.config.base_url != shared.base_url:
+                continue
+            if self._cooldowns.adopt(provider.config, shared.seconds_left, shared.cause):
+                log.warning(
+                    "provider.cooldown_adopted",
+                    provider=shared.provider,
+                    seconds=round(shared.seconds_left, 3),
+                    cause=shared.cause.value if shared.cause else None,
+                )
 
     async def chat(
         self, request: ChatRequest, *, org_id: str, time_limit: float | None = None
@@ -316,12 +345,12 @@ class Router:
             )
         finally:
             if record.attempt is not None:
-                self._note_health(config, record.attempt)
+                await self._note_health(config, record.attempt)
             if grant is not None and grant.granted:
                 await self._ledger.settle_ceiling(grant, self._tokens_used(record, grant))
             self._finish_span(span, record, request)
 
-    def _note_health(self, config: ProviderConfig, attempt: Attempt) -> None:
+    async def _note_health(self, config: ProviderConfig, attempt: Attempt) -> None:
         cooling = self._cooldowns.record(
             config, attempt.outcome, retry_after=attempt.retry_after_seconds
         )
@@ -332,6 +361,15 @@ class Router:
                 seconds=round(cooling.seconds_left, 3),
                 cause=cooling.cause.value if cooling.cause else None,
             )
+            await self._share(config, cooling)
+
+    async def _share(self, provider: ProviderConfig, cooling: Cooling) -> None:
+        try:
+            async with asyncio.timeout(_SHARE_TIMEOUT_SECONDS):
+                await self._shared.share(provider, cooling)
+        except (CooldownsUnavailable, TimeoutError) as exc:
+            # Kept here all the same; the other replicas learn it by failing.
+            log.warning("provider.cooldown_not_shared", provider=provider.name, error=str(exc))
 
     @staticmethod
     def _tokens_used(record: _AttemptRecord, grant: CeilingGrant) -> int:
