@@ -536,6 +536,9 @@ def _start_memory(url: str) -> tuple[ServiceProcess, TokenIssuer]:
             "DATABASE_URL": url,
             "CAIRN_JWT_PUBLIC_KEY_FILE": str(public_key),
             "CAIRN_EMBEDDER": "local",
+            # The questions repeat across the measured kinds: with the service's
+            # embedding cache on, later kinds would time the cache, not recall.
+            "CAIRN_EMBED_CACHE_ENTRIES": "0",
             "CAIRN_LOG_LEVEL": "WARNING",
         },
         log_dir=STATE / "logs",

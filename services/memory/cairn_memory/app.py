@@ -27,6 +27,7 @@ import structlog
 
 from cairn.memory.v1 import memory_pb2_grpc
 from cairn_libs.db import Database, database_url
+from cairn_libs.embed_cache import cached
 from cairn_libs.embedding import Embedder, embedder_from_env
 from cairn_libs.errors import CairnError
 from cairn_libs.settings import positive_number
@@ -84,7 +85,7 @@ class MemoryApp:
         block_ttl_days = positive_number("CAIRN_MEMORY_BLOCK_TTL_DAYS", ttl_days)
         return cls(
             database=memory_database(database_url()),
-            embedder=embedder_from_env(),
+            embedder=cached(embedder_from_env()),
             vault=vault_from_key(os.environ.get("CAIRN_MEMORY_ENCRYPTION_KEY")),
             clock=SystemClock(),
             ttl=timedelta(days=ttl_days),
