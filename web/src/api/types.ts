@@ -1,0 +1,38 @@
+// Names for the generated shapes; nothing here is written by hand but the aliases.
+import type { components } from "./schema";
+
+type S = components["schemas"];
+export type Agent = S["v1Agent"];
+export type Run = S["v1Run"];
+export type RunState = S["v1RunState"];
+export type Step = S["v1Step"];
+export type StepKind = S["v1StepKind"];
+export type StreamEvent = S["v1StreamRunResponse"];
+export type Citation = S["v1Citation"];
+export type ConversationTurn = S["v1ConversationTurn"];
+export type StartRunRequest = S["v1StartRunRequest"];
+export type StartRunResponse = S["v1StartRunResponse"];
+export type GetRunResponse = S["v1GetRunResponse"];
+export type TrajectoryResponse = S["v1GetTrajectoryResponse"];
+export type ListRunsResponse = S["v1ListRunsResponse"];
+export type ListAgentsResponse = S["v1ListAgentsResponse"];
+export type PendingConfirmation = S["v1PendingConfirmation"];
+export type ConfirmationCard = S["v1ConfirmationCard"];
+export type ListPendingResponse = S["v1ListPendingConfirmationsResponse"];
+export type ResolveBody = S["OrchestratorServiceResolveConfirmationBody"];
+export type ResolveResponse = S["v1ResolveConfirmationResponse"];
+export type CancelBody = S["OrchestratorServiceCancelRunBody"];
+export type CancelResponse = S["v1CancelRunResponse"];
+export type Decision = S["v1Decision"];
+export type Subject = S["v1Subject"];
+export type HeldRequest = S["v1HeldRequest"];
+export type HeldResponse = S["v1HeldResponse"];
+export type Memory = S["v1Memory"];
+export type ProfileFact = S["v1ProfileFact"];
+export type Provenance = S["v1Provenance"];
+export type Erasure = S["v1Erasure"];
+export type ForgetRequest = S["v1ForgetRequest"];
+export type ForgetResponse = S["v1ForgetResponse"];
+export type GetDocumentResponse = S["v1GetDocumentResponse"];
+export type Document = S["v1Document"];
+export type RpcStatus = S["rpcStatus"];

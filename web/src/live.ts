@@ -1,0 +1,214 @@
+// The run the person is watching, kept small and explicit: one signal holding
+// the run, its steps by span id (a STEP_STARTED is replaced by its
+// STEP_FINISHED), the answer as it streams, and the last refusal. Fetching and
+// streaming go through client.ts; this only decides what the screen shows.
+import { signal } from "@preact/signals";
+import type { ConversationTurn, Run, Step, StreamEvent } from "./api/types";
+import { ApiError, api, streamRun } from "./client";
+import { language } from "./i18n";
+
+export interface LiveRun {
+  runId: string;
+  run: Run | null;
+  steps: Step[];
+  answer: string;
+  error: ApiError | null;
+  following: boolean;
+  busy: boolean;
+}
+
+export interface Conversation {
+  id: string;
+  turns: ConversationTurn[];
+  runIds: string[];
+}
+
+export const live = signal<LiveRun | null>(null);
+export const conversation = signal<Conversation>(freshConversation());
+
+export function freshConversation(): Conversation {
+  return { id: crypto.randomUUID(), turns: [], runIds: [] };
+}
+
+let following: AbortController | null = null;
+
+function update(change: (current: LiveRun) => Partial<LiveRun>): void {
+  const current = live.value;
+  if (current) live.value = { ...current, ...change(current) };
+}
+
+function stepKey(step: Step): string {
+  return step.spanId || `${step.kind}:${step.seq}`;
+}
+
+export function mergeStep(steps: Step[], step: Step): Step[] {
+  const key = stepKey(step);
+  const at = steps.findIndex((s) => stepKey(s) === key);
+  if (at < 0) return [...steps, step];
+  const merged = steps.slice();
+  // a finished step never goes back to started when an announcement arrives late
+  if (!(merged[at]?.finishedAt && !step.finishedAt)) merged[at] = step;
+  return merged;
+}
+
+function onEvent(runId: string, event: StreamEvent): void {
+  if (live.value?.runId !== runId) return;
+  switch (event.kind) {
+    case "RUN_EVENT_KIND_STEP_STARTED":
+    case "RUN_EVENT_KIND_STEP_FINISHED":
+      if (event.step) {
+        const step = event.step;
+        update((c) => ({ steps: mergeStep(c.steps, step) }));
+      }
+      break;
+    case "RUN_EVENT_KIND_ANSWER":
+      update((c) => ({ answer: c.answer + (event.answerDelta ?? "") }));
+      break;
+    case "RUN_EVENT_KIND_CONFIRMATION_PENDING":
+    case "RUN_EVENT_KIND_RUN_FINISHED":
+      if (event.run) {
+        const run = event.run;
+        update(() => ({ run }));
+      }
+      break;
+    default:
+      break;
+  }
+}
+
+/** Follow a run's events until the stream ends; safe to call again (it replays). */
+export function follow(runId: string): void {
+  following?.abort();
+  const controller = new AbortController();
+  following = controller;
+  update(() => ({ following: true }));
+  streamRun(runId, (event) => onEvent(runId, event), controller.signal)
+    .catch((exc: unknown) => {
+      if (live.value?.runId === runId) update(() => ({ error: asApiError(exc) }));
+    })
+    .finally(() => {
+      if (following === controller) update(() => ({ following: false }));
+    });
+}
+
+export function asApiError(exc: unknown): ApiError {
+  return exc instanceof ApiError ? exc : new ApiError(0, 2, exc instanceof Error ? exc.message : String(exc));
+}
+
+function delay(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+/**
+ * StartRun answers only when the run has finished or stops for a confirmation,
+ * so the run id that StreamRun needs is found meanwhile in ListRuns: the newest
+ * run of this conversation (whose id this tab chose) that is not one seen before.
+ */
+async function discoverRunId(conversationId: string, known: string[], settled: () => boolean): Promise<string | null> {
+  while (!settled()) {
+    try {
+      const page = await api.listRuns({ pageSize: 5 });
+      const found = (page.runs ?? []).find((r) => r.conversationId === conversationId && r.runId && !known.includes(r.runId));
+      if (found?.runId) return found.runId;
+    } catch {
+      return null; // StartRun's own answer will say what is wrong
+    }
+    await delay(20);
+  }
+  return null;
+}
+
+function settle(runId: string, run: Run): void {
+  update(() => ({ run, runId, busy: false }));
+  // The stream may have ended before the last steps (or never started): read
+  // the whole trajectory once so the timeline is complete.
+  api
+    .trajectory(runId)
+    .then((t) => update((c) => ({ steps: (t.steps ?? []).reduce(mergeStep, c.steps) })))
+    .catch(() => undefined);
+}
+
+export async function ask(agent: string, input: string): Promise<void> {
+  const conv = conversation.value;
+  live.value = { runId: "", run: null, steps: [], answer: "", error: null, following: false, busy: true };
+  let settled = false;
+  const started = api.startRun({
+    agent,
+    input,
+    conversationId: conv.id,
+    messages: conv.turns,
+    language: language.value,
+  });
+  started.then(
+    () => (settled = true),
+    () => (settled = true),
+  );
+  void discoverRunId(conv.id, conv.runIds, () => settled).then((runId) => {
+    if (runId && live.value && !live.value.runId) {
+      update(() => ({ runId }));
+      follow(runId);
+    }
+  });
+  try {
+    const { run } = await started;
+    if (!run?.runId) throw new ApiError(0, 13, "StartRun answered without a run");
+    if (live.value?.runId !== run.runId) {
+      update(() => ({ runId: run.runId ?? "" }));
+      follow(run.runId);
+    }
+    settle(run.runId, run);
+    conversation.value = {
+      ...conv,
+      runIds: [...conv.runIds, run.runId],
+      turns: run.answer
+        ? [...conv.turns, { role: "TURN_ROLE_USER", content: input }, { role: "TURN_ROLE_ASSISTANT", content: run.answer }]
+        : conv.turns,
+    };
+  } catch (exc) {
+    update(() => ({ error: asApiError(exc), busy: false }));
+  }
+}
+
+/** Approve or deny; the run carries on live in the timeline meanwhile. */
+export async function resolve(runId: string, confirmationToken: string, decision: "DECISION_APPROVE" | "DECISION_DENY"): Promise<ApiError | null> {
+  if (live.value?.runId !== runId) await open(runId);
+  update(() => ({ busy: true, error: null }));
+  follow(runId);
+  try {
+    const { run } = await api.resolve(confirmationToken, { decision, note: "" });
+    if (run) settle(runId, run);
+    follow(runId);
+    return null;
+  } catch (exc) {
+    const error = asApiError(exc);
+    update(() => ({ error, busy: false }));
+    return error;
+  }
+}
+
+export async function cancel(runId: string, reason: string): Promise<void> {
+  try {
+    const { run } = await api.cancelRun(runId, { reason });
+    if (run) settle(runId, run);
+  } catch (exc) {
+    update(() => ({ error: asApiError(exc) }));
+  }
+}
+
+/** Reopen a run (from past runs or the waiting list) with its whole trajectory. */
+export async function open(runId: string): Promise<void> {
+  following?.abort();
+  live.value = { runId, run: null, steps: [], answer: "", error: null, following: false, busy: false };
+  try {
+    const [{ run }, trajectory] = await Promise.all([api.getRun(runId), api.trajectory(runId)]);
+    update(() => ({ run: run ?? null, steps: trajectory.steps ?? [] }));
+    if (run?.state === "RUN_STATE_RUNNING") follow(runId);
+  } catch (exc) {
+    update(() => ({ error: asApiError(exc) }));
+  }
+}
+
+export function stopFollowing(): void {
+  following?.abort();
+  following = null;
+}
