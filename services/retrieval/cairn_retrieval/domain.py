@@ -17,10 +17,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cairn_libs.acl import acl_keys
+from cairn_libs.acl import AclPredicate, acl_keys
 from cairn_libs.identity import Principal
 from cairn_retrieval.chunking import chunk_text
-from cairn_retrieval.errors import BadDocument, BadSearch
+from cairn_retrieval.errors import (
+    BadDocument,
+    BadSearch,
+    DenseSearchUnavailable,
+    EmbedderFailed,
+    RetrievalError,
+    VectorStoreUnavailable,
+)
 from cairn_retrieval.tokens import term_frequencies
 
 # Who may write a corpus, delete from it and read its counts.
@@ -38,8 +45,12 @@ MAX_TITLE_CHARS = 1000
 MAX_QUERY_CHARS = 4000
 MAX_ACL_ENTRIES = 1000
 
-# '#' is kept out of document ids because chunk ids are `<document_id>#...`.
-DOCUMENT_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+=-]{0,199}")
+# Document ids are the caller's (`_exit.2`, `guide.md#install`): any printable
+# text up to this long. Chunk ids escape them (see chunk_id_for).
+MAX_DOCUMENT_ID_CHARS = 512
+DOCUMENT_ID_RULE = (
+    f"use 1-{MAX_DOCUMENT_ID_CHARS} printable characters, not starting or ending with a space"
+)
 SOURCE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 ACL_NAME_PATTERN = re.compile(r"[^\s\x00-\x1f]{1,200}")
 
@@ -54,6 +65,8 @@ MODEL_MISMATCH_REASON = (
 NO_QUERY_TERMS_REASON = (
     "the query has no searchable words once common words are removed; these results are dense-only"
 )
+KEYWORD_ASKED_REASON = "keyword-only was asked for; dense search did not run"
+DENSE_ASKED_REASON = "dense-only was asked for; keyword search did not run"
 
 
 class Outcome(enum.Enum):
@@ -158,6 +171,58 @@ def may_manage(principal: Principal) -> bool:
     return any(principal.has_role(role) for role in MANAGER_ROLES)
 
 
+@dataclass(frozen=True, slots=True)
+class StoredDocument:
+    """A document as PostgreSQL holds it, for GetDocument."""
+
+    org_id: str
+    document_id: str
+    source: str
+    title: str
+    text: str
+    acl_keys: tuple[str, ...]
+    metadata: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentView:
+    """What one caller is shown of a document: its ACL only when the caller
+    manages the org's corpora (an ACL names people and groups)."""
+
+    document: StoredDocument
+    acl: DocumentAcl | None
+
+
+def may_read(principal: Principal, document: StoredDocument) -> bool:
+    """The search rule (cairn_libs.acl), for one document of a named source."""
+    predicate = AclPredicate.for_caller(principal, [document.source])
+    return predicate.admits(org_id=document.org_id, source=document.source, acl=document.acl_keys)
+
+
+def acl_from_keys(keys: Sequence[str]) -> DocumentAcl:
+    """The stored key array (`user:`, `role:`, `group:`) back as an ACL."""
+    by_kind: dict[str, list[str]] = {"user": [], "role": [], "group": []}
+    for key in keys:
+        kind, _, name = key.partition(":")
+        if kind in by_kind:
+            by_kind[kind].append(name)
+    return DocumentAcl(
+        users=tuple(by_kind["user"]), roles=tuple(by_kind["role"]), groups=tuple(by_kind["group"])
+    )
+
+
+def view_document(principal: Principal, document: StoredDocument | None) -> DocumentView | None:
+    """The caller's view of a document, or None when the caller may not read it:
+    the same None as for a document that does not exist (I6)."""
+    if document is None or document.org_id != principal.org_id:
+        return None
+    if not may_read(principal, document):
+        return None
+    return DocumentView(
+        document=document, acl=acl_from_keys(document.acl_keys) if may_manage(principal) else None
+    )
+
+
 def check_batch_size(count: int) -> None:
     if count > MAX_DOCUMENTS_PER_REQUEST:
         raise BadDocument(
@@ -166,14 +231,38 @@ def check_batch_size(count: int) -> None:
         )
 
 
+def is_document_id(document_id: str) -> bool:
+    """Whether a document can have this id. Control and format characters (NUL,
+    newlines, bidi overrides, zero-width spaces) are refused: they cannot be
+    stored, or they make two different ids look the same."""
+    return (
+        0 < len(document_id) <= MAX_DOCUMENT_ID_CHARS
+        and document_id.isprintable()
+        and document_id == document_id.strip()
+    )
+
+
+def check_document_id(document_id: str, *, purpose: str) -> None:
+    """Refuse an id no document can have, naming it; `purpose` says what the id
+    was for ("delete", "read"). Saying so tells nothing about which documents
+    exist (I6)."""
+    if not document_id:
+        raise BadDocument(f"document_id is empty; name the document to {purpose}")
+    if not is_document_id(document_id):
+        raise BadDocument(
+            f"document_id {document_id[:MAX_DOCUMENT_ID_CHARS]!r} is not an id a document "
+            f"can have; {DOCUMENT_ID_RULE}"
+        )
+
+
 def validate_document(doc: IncomingDocument) -> None:
     """Raise BadDocument naming the first bad field and what would be accepted."""
     if not doc.document_id:
         raise BadDocument("document_id is empty; give each document a stable id")
-    if not DOCUMENT_ID_PATTERN.fullmatch(doc.document_id):
+    if not is_document_id(doc.document_id):
         raise BadDocument(
-            f"document_id {doc.document_id!r} is not accepted; use 1-200 characters of "
-            "letters, digits and . _ : / @ + = -, starting with a letter or digit"
+            f"document_id {doc.document_id[:MAX_DOCUMENT_ID_CHARS]!r} is not accepted; "
+            f"{DOCUMENT_ID_RULE}"
         )
     if not doc.source:
         raise BadDocument(f"document {doc.document_id!r} has no source; name its corpus")
@@ -253,10 +342,24 @@ def is_unchanged(
     )
 
 
+def _escape_document_id(document_id: str) -> str:
+    # Only '%' and '#': ids stored before '#' was allowed never hold either, so
+    # their chunk ids are unchanged.
+    return document_id.replace("%", "%25").replace("#", "%23")
+
+
 def chunk_id_for(document_id: str, content_hash: str, ordinal: int) -> str:
-    """Chunk ids carry the content version, so a replacement's chunks never collide
-    with the ones they replace and the swap can be one transaction."""
-    return f"{document_id}#{content_hash[:12]}-{ordinal:05d}"
+    """`<document id, '%' and '#' escaped>#<content version>-<ordinal>`. The
+    content version means a replacement's chunks never collide with the ones
+    they replace, so the swap can be one transaction; the escape means the first
+    '#' always ends the document id."""
+    return f"{_escape_document_id(document_id)}#{content_hash[:12]}-{ordinal:05d}"
+
+
+def document_id_of_chunk(chunk_id: str) -> str:
+    """The document id a chunk id was made from (the inverse of chunk_id_for)."""
+    escaped, _, _ = chunk_id.partition("#")
+    return escaped.replace("%23", "#").replace("%25", "%")
 
 
 def point_id(org_id: str, chunk_id: str) -> str:
@@ -390,8 +493,19 @@ def fuse_rrf(
     return fused[:limit]
 
 
-def decide_mode(*, dense: DenseStatus, has_query_terms: bool) -> tuple[SearchMode, str]:
-    """The mode a search ran in, and the reason when it is not HYBRID (I11)."""
+def decide_mode(
+    *,
+    dense: DenseStatus,
+    has_query_terms: bool,
+    requested: SearchMode = SearchMode.HYBRID,
+) -> tuple[SearchMode, str]:
+    """The mode a search ran in, and the reason when it is not HYBRID (I11).
+    A DENSE_ONLY request whose dense half cannot run never gets here
+    (`refuse_dense_only`)."""
+    if requested is SearchMode.KEYWORD_ONLY:
+        return SearchMode.KEYWORD_ONLY, KEYWORD_ASKED_REASON
+    if requested is SearchMode.DENSE_ONLY:
+        return SearchMode.DENSE_ONLY, DENSE_ASKED_REASON
     if dense is DenseStatus.NO_EMBEDDER:
         return SearchMode.KEYWORD_ONLY, NO_EMBEDDER_REASON
     if dense is DenseStatus.VECTOR_STORE_UNREACHABLE:
@@ -403,6 +517,31 @@ def decide_mode(*, dense: DenseStatus, has_query_terms: bool) -> tuple[SearchMod
     if not has_query_terms:
         return SearchMode.DENSE_ONLY, NO_QUERY_TERMS_REASON
     return SearchMode.HYBRID, ""
+
+
+def refuse_dense_only(dense: DenseStatus) -> RetrievalError | None:
+    """Why a DENSE_ONLY search cannot be answered, or None when it can. Keyword
+    results are never passed off as the dense-only answer that was asked for:
+    a deployment that cannot embed is FAILED_PRECONDITION, a dense half that
+    failed this time is UNAVAILABLE (worth a retry)."""
+    if dense is DenseStatus.NO_EMBEDDER:
+        return DenseSearchUnavailable(
+            "dense-only search needs an embedder and none is configured; ask for "
+            "SEARCH_MODE_KEYWORD_ONLY or SEARCH_MODE_HYBRID"
+        )
+    if dense is DenseStatus.MODEL_MISMATCH:
+        return DenseSearchUnavailable(
+            "dense-only search cannot run: " + MODEL_MISMATCH_REASON.split(";")[0]
+        )
+    if dense is DenseStatus.VECTOR_STORE_UNREACHABLE:
+        return VectorStoreUnavailable(
+            "dense-only search cannot run: the vector store is unreachable; retry shortly"
+        )
+    if dense is DenseStatus.EMBEDDER_FAILED:
+        return EmbedderFailed(
+            "dense-only search cannot run: the embedder failed on this query; retry shortly"
+        )
+    return None
 
 
 def assemble_results(

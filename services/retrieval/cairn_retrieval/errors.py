@@ -3,6 +3,11 @@
     RetrievalError (CairnError)
     ├── BadDocument              a document fails validation         INVALID_ARGUMENT
     ├── BadSearch                a search names a bad value          INVALID_ARGUMENT
+    ├── DocumentNotFound         GetDocument of a document the       NOT_FOUND
+    │                            caller may not read, or of none
+    ├── DenseSearchUnavailable   DENSE_ONLY asked of a deployment    FAILED_PRECONDITION
+    │                            that cannot run it (no embedder,
+    │                            another model's collection)
     ├── DatabaseUnavailable      PostgreSQL did not answer           UNAVAILABLE
     ├── VectorStoreUnavailable   Qdrant did not answer               UNAVAILABLE
     ├── EmbedderFailed           the embedder raised on a text       UNAVAILABLE
@@ -12,7 +17,10 @@
     ConfigInvalid (cairn_libs ConfigurationError)   a setting cannot be used: the
                                  process logs one line and exits at start-up
 
-Access refusals are not here: they are always cairn_libs.errors.Denied (I6).
+Access refusals are cairn_libs.errors.Denied (I6), except GetDocument's: its
+contract answers NOT_FOUND, with the one denial's message, both for a document
+that does not exist and for one the caller may not read, so the two still read
+the same.
 A BadDocument inside a batch does not fail the call: it becomes that document's
 FAILED result. VectorStoreUnavailable and EmbedderFailed during a search are
 not errors either: the search degrades to keyword-only and says so (I11).
@@ -20,7 +28,10 @@ not errors either: the search degrades to keyword-only and says so (I11).
 
 from __future__ import annotations
 
+import grpc
+
 from cairn_libs.errors import (
+    DENIAL_MESSAGE,
     CairnError,
     ConfigurationError,
     Conflict,
@@ -38,6 +49,17 @@ class BadDocument(RetrievalError, InvalidInput):
 
 
 class BadSearch(RetrievalError, InvalidInput):
+    pass
+
+
+class DocumentNotFound(RetrievalError):
+    code = grpc.StatusCode.NOT_FOUND
+
+    def __init__(self) -> None:
+        super().__init__(DENIAL_MESSAGE)
+
+
+class DenseSearchUnavailable(RetrievalError, Conflict):
     pass
 
 

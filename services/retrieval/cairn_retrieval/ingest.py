@@ -19,21 +19,28 @@ from cairn_libs.embedding import Embedder
 from cairn_libs.errors import Denied
 from cairn_libs.identity import Principal
 from cairn_retrieval.domain import (
-    DOCUMENT_ID_PATTERN,
     CorpusStats,
     DocumentResult,
+    DocumentView,
     IncomingDocument,
     IngestProgress,
     Outcome,
     PreparedDocument,
     RefusedDocument,
     check_batch_size,
+    check_document_id,
     is_unchanged,
     may_manage,
     prepare_document,
+    view_document,
 )
 from cairn_retrieval.embedders import EmbeddingSpace
-from cairn_retrieval.errors import BadDocument, EmbedderFailed, VectorStoreUnavailable
+from cairn_retrieval.errors import (
+    BadDocument,
+    DocumentNotFound,
+    EmbedderFailed,
+    VectorStoreUnavailable,
+)
 from cairn_retrieval.postgres import ChunkStore, DocumentSession
 from cairn_retrieval.vectors import VectorPoint, VectorStore
 
@@ -246,16 +253,7 @@ class Ingestor:
         """Remove a document from both stores; the number of chunks removed."""
         if not may_manage(principal):
             raise Denied()
-        if not document_id:
-            raise BadDocument("document_id is empty; name the document to delete")
-        if not DOCUMENT_ID_PATTERN.fullmatch(document_id):
-            # No document can have such an id, so saying so tells nothing about
-            # which documents exist (I6).
-            raise BadDocument(
-                f"document_id {document_id[:200]!r} is not an id a document can have; use "
-                "1-200 characters of letters, digits and . _ : / @ + = -, starting with a "
-                "letter or digit"
-            )
+        check_document_id(document_id, purpose="delete")
         org_id = principal.org_id
         async with self._chunks.document_session(org_id, document_id) as session:
             stored = await session.current()
@@ -275,6 +273,15 @@ class Ingestor:
             removed = await session.delete()
         log.info("delete.document", document_id=document_id, chunks_removed=removed)
         return removed
+
+    async def document(self, principal: Principal, document_id: str) -> DocumentView:
+        """The document as the caller may see it; DocumentNotFound, the same for a
+        document that does not exist and one the caller may not read."""
+        check_document_id(document_id, purpose="read")
+        view = view_document(principal, await self._chunks.document(principal.org_id, document_id))
+        if view is None:
+            raise DocumentNotFound()
+        return view
 
     async def stats(self, principal: Principal) -> CorpusStats:
         if not may_manage(principal):

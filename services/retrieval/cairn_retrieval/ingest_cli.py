@@ -28,7 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cairn.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from cairn_libs.clients import call_metadata
-from cairn_retrieval.domain import DOCUMENT_ID_PATTERN, MAX_DOCUMENTS_PER_REQUEST
+from cairn_retrieval.domain import MAX_DOCUMENTS_PER_REQUEST, is_document_id
 from cairn_retrieval.html_text import html_to_page
 
 SUFFIXES = frozenset({".md", ".markdown", ".txt", ".html", ".htm"})
@@ -56,10 +56,12 @@ class LocalFile:
 
 
 def document_id_for(relative: str, *, prefix: str = "") -> str:
-    """A valid document id from a relative path: disallowed characters become '-'."""
+    """A document id from a relative path: anything but letters, digits and
+    . _ : / @ + = - becomes '-' (the ids this tool has always made, so files
+    ingested before keep theirs)."""
     cleaned = re.sub(r"[^A-Za-z0-9._:/@+=-]", "-", prefix + relative).lstrip("._:/@+=-")
     cleaned = cleaned[:200]
-    if not cleaned or not DOCUMENT_ID_PATTERN.fullmatch(cleaned):
+    if not cleaned or not is_document_id(cleaned):
         raise UsageError(f"cannot make a document id from {relative!r}; rename the file")
     return cleaned
 

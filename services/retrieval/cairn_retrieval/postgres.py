@@ -28,7 +28,7 @@ import asyncpg
 from cairn_libs.acl import AclPredicate
 from cairn_libs.db import CONNECTION_ERRORS, Database, vector_literal
 from cairn_retrieval import bm25 as okapi
-from cairn_retrieval.domain import ChunkRecord, PreparedDocument, SourceCounts
+from cairn_retrieval.domain import ChunkRecord, PreparedDocument, SourceCounts, StoredDocument
 from cairn_retrieval.errors import DatabaseUnavailable
 
 # Every way a database that is down, restarting or overloaded shows itself: the
@@ -321,10 +321,11 @@ class DocumentSession:
                 await _apply_statistics(self._conn, org_id, audiences, term_deltas)
                 await self._conn.execute(
                     "INSERT INTO documents (org_id, document_id, source, title, content_hash, acl, "
-                    "metadata, chunk_count, embedding_model, vector_store) "
-                    "VALUES ($1, $2, $3, $4, $5, $6::text[], $7::jsonb, $8, $9, $10) "
+                    "metadata, chunk_count, embedding_model, vector_store, text) "
+                    "VALUES ($1, $2, $3, $4, $5, $6::text[], $7::jsonb, $8, $9, $10, $11) "
                     "ON CONFLICT (org_id, document_id) DO UPDATE SET source = EXCLUDED.source, "
                     "title = EXCLUDED.title, content_hash = EXCLUDED.content_hash, "
+                    "text = EXCLUDED.text, "
                     "acl = EXCLUDED.acl, metadata = EXCLUDED.metadata, "
                     "chunk_count = EXCLUDED.chunk_count, "
                     "embedding_model = EXCLUDED.embedding_model, "
@@ -339,6 +340,7 @@ class DocumentSession:
                     len(prepared.chunks),
                     embedding_model,
                     vector_store,
+                    doc.text,
                 )
         return Published(
             removed_chunks=len(removed),
@@ -716,6 +718,27 @@ class ChunkStore:
             r["chunk_id"]: float(r["dense_score"]) for r in rows if r["dense_score"] is not None
         }
         return records, dense_scores
+
+    async def document(self, org_id: str, document_id: str) -> StoredDocument | None:
+        """The document of `org_id` with that id as last ingested, or None."""
+        with _translated():
+            row = await self._db.pool.fetchrow(
+                "SELECT document_id, source, title, text, acl, metadata::text AS metadata "
+                "FROM documents WHERE org_id = $1 AND document_id = $2",
+                org_id,
+                document_id,
+            )
+        if row is None:
+            return None
+        return StoredDocument(
+            org_id=org_id,
+            document_id=row["document_id"],
+            source=row["source"],
+            title=row["title"],
+            text=row["text"],
+            acl_keys=tuple(row["acl"]),
+            metadata=json.loads(row["metadata"]),
+        )
 
     async def claim_collection(
         self, collection: str, *, model_id: str, dimensions: int

@@ -22,12 +22,14 @@ from cairn_libs.errors import InvalidInput
 from cairn_libs.identity import Principal
 from cairn_retrieval.domain import (
     DenseStatus,
+    SearchMode,
     SearchOutcome,
     assemble_results,
     candidate_pool,
     decide_mode,
     fuse_rrf,
     rank,
+    refuse_dense_only,
     resolve_k,
     validate_query,
 )
@@ -39,6 +41,15 @@ from cairn_retrieval.vectors import VectorStore
 
 log = structlog.get_logger(__name__)
 tracer = trace.get_tracer(__name__)
+
+
+async def _nothing_keyword() -> list[tuple[str, float]]:
+    return []
+
+
+async def _nothing_dense() -> tuple[DenseStatus, list[float] | None, list[str]]:
+    # Not asked for: the status is never read as a failure (decide_mode).
+    return DenseStatus.AVAILABLE, None, []
 
 
 class Searcher:
@@ -56,8 +67,16 @@ class Searcher:
         self._space = space or EmbeddingSpace(chunks=chunks, vectors=vectors, embedder=embedder)
 
     async def search(
-        self, principal: Principal, *, query: str, sources: Sequence[str], k: int
+        self,
+        principal: Principal,
+        *,
+        query: str,
+        sources: Sequence[str],
+        k: int,
+        mode: SearchMode = SearchMode.HYBRID,
     ) -> SearchOutcome:
+        """`mode` is the mode asked for: HYBRID falls back to keyword-only when
+        the dense half cannot run; KEYWORD_ONLY and DENSE_ONLY run one half."""
         try:
             predicate = AclPredicate.for_caller(principal, sources)
         except InvalidInput as exc:
@@ -66,14 +85,26 @@ class Searcher:
         validate_query(query)
         terms = query_terms(query)
         pool = candidate_pool(k)
+        if mode is SearchMode.DENSE_ONLY and self._embedder is None:
+            refusal = refuse_dense_only(DenseStatus.NO_EMBEDDER)
+            assert refusal is not None
+            raise refusal
 
         # The two halves do not depend on each other: BM25 runs in PostgreSQL while
         # the query is embedded and Qdrant scans, here in worker threads.
         keyword_hits, (dense_status, query_vector, dense_ids) = await asyncio.gather(
-            self._keyword_candidates(predicate, terms, limit=pool),
-            self.dense_candidates(query, predicate, limit=pool),
+            self._keyword_candidates(predicate, terms, limit=pool)
+            if mode is not SearchMode.DENSE_ONLY
+            else _nothing_keyword(),
+            self.dense_candidates(query, predicate, limit=pool)
+            if mode is not SearchMode.KEYWORD_ONLY
+            else _nothing_dense(),
         )
-        mode, reason = decide_mode(dense=dense_status, has_query_terms=bool(terms))
+        if mode is SearchMode.DENSE_ONLY:
+            refusal = refuse_dense_only(dense_status)
+            if refusal is not None:
+                raise refusal
+        ran, reason = decide_mode(dense=dense_status, has_query_terms=bool(terms), requested=mode)
 
         records, similarity = await self._chunks.visible_chunks(
             predicate,
@@ -87,14 +118,15 @@ class Searcher:
         results = assemble_results(fused, records)
         log.info(
             "search.done",
-            mode=mode.value,
+            mode=ran.value,
+            requested=mode.value,
             sources=list(predicate.sources),
             k=k,
             keyword_candidates=len(keyword),
             dense_candidates=len(dense),
             results=len(results),
         )
-        return SearchOutcome(results=results, mode=mode, mode_reason=reason)
+        return SearchOutcome(results=results, mode=ran, mode_reason=reason)
 
     async def _keyword_candidates(
         self, predicate: AclPredicate, terms: Sequence[str], *, limit: int

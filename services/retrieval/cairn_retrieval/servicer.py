@@ -20,6 +20,7 @@ from cairn_retrieval.domain import (
     CorpusStats,
     DocumentAcl,
     DocumentResult,
+    DocumentView,
     IncomingDocument,
     IngestProgress,
     Outcome,
@@ -43,6 +44,11 @@ _MODE_TO_PROTO = {
     SearchMode.HYBRID: retrieval_pb2.SEARCH_MODE_HYBRID,
     SearchMode.KEYWORD_ONLY: retrieval_pb2.SEARCH_MODE_KEYWORD_ONLY,
     SearchMode.DENSE_ONLY: retrieval_pb2.SEARCH_MODE_DENSE_ONLY,
+}
+# UNSPECIFIED asks for the default, hybrid; the door has refused any other number.
+_MODE_FROM_PROTO = {
+    retrieval_pb2.SEARCH_MODE_UNSPECIFIED: SearchMode.HYBRID,
+    **{number: mode for mode, number in _MODE_TO_PROTO.items()},
 }
 
 
@@ -122,6 +128,25 @@ def search_to_proto(outcome: SearchOutcome) -> retrieval_pb2.SearchResponse:
     )
 
 
+def document_to_proto(view: DocumentView) -> retrieval_pb2.GetDocumentResponse:
+    document = view.document
+    message = retrieval_pb2.Document(
+        document_id=document.document_id,
+        source=document.source,
+        title=document.title,
+        text=document.text,
+    )
+    if view.acl is not None:
+        message.acl.CopyFrom(
+            retrieval_pb2.Acl(
+                users=list(view.acl.users), roles=list(view.acl.roles), groups=list(view.acl.groups)
+            )
+        )
+    if document.metadata:
+        json_format.ParseDict(dict(document.metadata), message.metadata)
+    return retrieval_pb2.GetDocumentResponse(document=message)
+
+
 def stats_to_proto(stats: CorpusStats) -> retrieval_pb2.StatsResponse:
     return retrieval_pb2.StatsResponse(
         sources=[
@@ -173,8 +198,17 @@ class RetrievalServicer(retrieval_pb2_grpc.RetrievalServiceServicer):
             query=request.query,
             sources=list(request.sources),
             k=request.k,
+            mode=_MODE_FROM_PROTO[request.mode],
         )
         return search_to_proto(outcome)
+
+    async def GetDocument(
+        self,
+        request: retrieval_pb2.GetDocumentRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> retrieval_pb2.GetDocumentResponse:
+        view = await self._ingestor.document(current_identity().principal, request.document_id)
+        return document_to_proto(view)
 
     async def Stats(
         self,

@@ -39,10 +39,21 @@ class RetrievalClient:
         return list(self._stub.IngestDocuments(request, metadata=call_metadata(token), timeout=60))
 
     def search(
-        self, token: str, query: str, sources: Sequence[str], *, k: int = 0
+        self,
+        token: str,
+        query: str,
+        sources: Sequence[str],
+        *,
+        k: int = 0,
+        mode: retrieval_pb2.SearchMode = retrieval_pb2.SEARCH_MODE_UNSPECIFIED,
     ) -> retrieval_pb2.SearchResponse:
-        request = retrieval_pb2.SearchRequest(query=query, sources=list(sources), k=k)
+        request = retrieval_pb2.SearchRequest(query=query, sources=list(sources), k=k, mode=mode)
         return self._stub.Search(request, metadata=call_metadata(token), timeout=30)
+
+    def get_document(self, token: str, document_id: str) -> retrieval_pb2.Document:
+        request = retrieval_pb2.GetDocumentRequest(document_id=document_id)
+        answer = self._stub.GetDocument(request, metadata=call_metadata(token), timeout=30)
+        return answer.document
 
     def delete(self, token: str, document_id: str) -> retrieval_pb2.DeleteDocumentResponse:
         request = retrieval_pb2.DeleteDocumentRequest(document_id=document_id)

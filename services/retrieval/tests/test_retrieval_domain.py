@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cairn_libs.errors import status_for
+from cairn_libs.errors import DENIAL_MESSAGE, status_for
 from cairn_libs.identity import Principal
 from cairn_retrieval.chunking import chunk_text, estimated_tokens
 from cairn_retrieval.domain import (
@@ -38,6 +38,8 @@ from cairn_retrieval.errors import (
     BadDocument,
     BadSearch,
     DatabaseUnavailable,
+    DenseSearchUnavailable,
+    DocumentNotFound,
     EmbedderFailed,
     RetrievalError,
     VectorStoreUnavailable,
@@ -169,8 +171,9 @@ def _doc(**changes: object) -> IncomingDocument:
     ("changes", "names"),
     [
         ({"document_id": ""}, "document_id is empty"),
-        ({"document_id": "has space"}, "'has space'"),
-        ({"document_id": "a#b"}, "'a#b'"),
+        ({"document_id": "new\nline"}, "'new\\nline'"),
+        ({"document_id": "trailing "}, "'trailing '"),
+        ({"document_id": "x" * 513}, "1-512 printable characters"),
         ({"source": ""}, "no source"),
         ({"source": "bad/source"}, "'bad/source'"),
         ({"text": "   \n"}, "no text"),
@@ -188,6 +191,8 @@ def test_a_bad_document_is_refused_naming_the_bad_value(
 
 def test_a_good_document_passes_validation() -> None:
     validate_document(_doc(document_id="team/a:b@c+d=e-f_g.h"))
+    for document_id in ("_exit.2", "guide#install", "100% done", "日本語の頁"):
+        validate_document(_doc(document_id=document_id))
 
 
 def test_content_hash_changes_with_text_acl_title_source_or_metadata_and_nothing_else() -> None:
@@ -298,9 +303,14 @@ def test_reasons_read_exactly_as_the_contract_says() -> None:
         (DatabaseUnavailable("x"), grpc.StatusCode.UNAVAILABLE),
         (VectorStoreUnavailable("x"), grpc.StatusCode.UNAVAILABLE),
         (EmbedderFailed("x"), grpc.StatusCode.UNAVAILABLE),
+        (DenseSearchUnavailable("x"), grpc.StatusCode.FAILED_PRECONDITION),
     ],
 )
 def test_every_retrieval_error_maps_to_its_status_code(
     error: RetrievalError, code: grpc.StatusCode
 ) -> None:
     assert status_for(error) == (code, "x")
+
+
+def test_a_document_not_found_reads_as_the_one_denial_with_the_not_found_code() -> None:
+    assert status_for(DocumentNotFound()) == (grpc.StatusCode.NOT_FOUND, DENIAL_MESSAGE)

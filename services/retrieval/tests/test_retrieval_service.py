@@ -412,3 +412,105 @@ def test_with_qdrant_unreachable_search_is_keyword_only_and_ingest_changes_nothi
     assert answer.mode_reason == "the vector store is unreachable; these results are keyword-only"
     assert [r.document_id for r in answer.results] == ["badge"]
     assert retrieval.client.stats(org.ingester()).documents == 1
+
+
+# ---------------------------------------------------------------- the mode asked for
+
+MODES = retrieval_pb2.SearchMode
+
+
+def test_a_keyword_only_search_runs_only_bm25_and_says_it_was_asked_for(
+    retrieval: RunningRetrieval, org: Org
+) -> None:
+    retrieval.client.ingest(
+        org.ingester(),
+        [
+            document("expenses", HANDBOOK, groups=["staff"]),
+            document("canteen", "Lunch in the canteen costs four euros.", groups=["staff"]),
+        ],
+    )
+    reader = org.reader(groups=["staff"])
+
+    answer = retrieval.client.search(
+        reader, "meals reimbursed", ["handbook"], mode=MODES.SEARCH_MODE_KEYWORD_ONLY
+    )
+
+    assert answer.mode == MODES.SEARCH_MODE_KEYWORD_ONLY
+    assert answer.mode_reason == "keyword-only was asked for; dense search did not run"
+    assert [(r.document_id, r.keyword_rank, r.dense_rank) for r in answer.results] == [
+        ("expenses", 1, 0)
+    ]
+    assert answer.results[0].dense_score == 0
+
+
+def test_a_dense_only_search_runs_only_the_vectors_and_says_it_was_asked_for(
+    retrieval: RunningRetrieval, org: Org
+) -> None:
+    retrieval.client.ingest(
+        org.ingester(),
+        [
+            document("expenses", HANDBOOK, groups=["staff"]),
+            document("canteen", "Lunch in the canteen costs four euros.", groups=["staff"]),
+        ],
+    )
+
+    answer = retrieval.client.search(
+        org.reader(groups=["staff"]), "zzzqx meals", ["handbook"], mode=MODES.SEARCH_MODE_DENSE_ONLY
+    )
+
+    assert answer.mode == MODES.SEARCH_MODE_DENSE_ONLY
+    assert answer.mode_reason == "dense-only was asked for; keyword search did not run"
+    assert {r.document_id for r in answer.results} == {"expenses", "canteen"}
+    assert all(r.keyword_rank == 0 and r.dense_rank > 0 for r in answer.results)
+    assert all(r.bm25_score == 0 and r.dense_score > 0 for r in answer.results)
+
+
+def test_hybrid_asked_for_or_left_unspecified_is_the_same_answer(
+    retrieval: RunningRetrieval, org: Org
+) -> None:
+    retrieval.client.ingest(org.ingester(), [document("expenses", HANDBOOK, groups=["staff"])])
+    reader = org.reader(groups=["staff"])
+    unspecified = retrieval.client.search(reader, "meals reimbursed", ["handbook"])
+    hybrid = retrieval.client.search(
+        reader, "meals reimbursed", ["handbook"], mode=MODES.SEARCH_MODE_HYBRID
+    )
+    assert unspecified == hybrid
+    assert hybrid.mode == MODES.SEARCH_MODE_HYBRID and hybrid.mode_reason == ""
+
+
+def test_dense_only_without_an_embedder_is_a_failed_precondition_saying_why(
+    keyword_retrieval: RunningRetrieval, org: Org
+) -> None:
+    keyword_retrieval.client.ingest(
+        org.ingester(), [document("vpn", "Connect to the VPN first.", groups=["staff"])]
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        keyword_retrieval.client.search(
+            org.reader(groups=["staff"]), "vpn", ["handbook"], mode=MODES.SEARCH_MODE_DENSE_ONLY
+        )
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "needs an embedder and none is configured" in (caught.value.details() or "")
+    keyword = keyword_retrieval.client.search(
+        org.reader(groups=["staff"]), "vpn", ["handbook"], mode=MODES.SEARCH_MODE_KEYWORD_ONLY
+    )
+    assert keyword.mode_reason == "keyword-only was asked for; dense search did not run"
+
+
+def test_dense_only_with_the_vector_store_down_is_unavailable_not_keyword_results(
+    unreachable_qdrant_retrieval: RunningRetrieval, org: Org
+) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        unreachable_qdrant_retrieval.client.search(
+            org.reader(), "vpn", ["handbook"], mode=MODES.SEARCH_MODE_DENSE_ONLY
+        )
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "vector store is unreachable" in (caught.value.details() or "")
+
+
+def test_a_mode_the_contract_does_not_define_is_refused_at_the_door(
+    keyword_retrieval: RunningRetrieval, org: Org
+) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        keyword_retrieval.client.search(org.reader(), "vpn", ["handbook"], mode=7)  # type: ignore[arg-type]
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "mode is 7" in (caught.value.details() or "")
