@@ -81,7 +81,7 @@ lint-protos: $(STAMP) ## buf lint (STANDARD rules) over protos/
 run: $(STAMP) ## bring the whole system up on embedded defaults and show it working
 	$(PY) -m cairn_libs.devstack
 
-test: $(STAMP) lint-protos gen-check restproxy ## install what is needed and run every test
+test: $(STAMP) lint-protos gen-check restproxy web-check chromium ## install what is needed and run every test
 	cd $(RESTPROXY) && go vet ./... && go test -count=1 ./...
 	$(PY) -m pytest -p no:cacheprovider -q
 
@@ -111,3 +111,4 @@ clean-state: ## stop the embedded PostgreSQL and remove local state
 	-$(PY) -m cairn_libs.devstack --stop
 	rm -rf state
 include deploy/k8s/k8s.mk
+include web/web.mk
