@@ -218,6 +218,137 @@ def start_replicas(
     ]
 
 
+SCRIBE_AGENT = "scribe"
+_SCRIBE_SPEC = """\
+name: scribe
+description: Keeps notes for the person; the replica tests' and benchmark's write agent.
+tier: deep
+system_prompt: |
+  You keep notes for the person when they ask.
+tools: [search_knowledge, append_note]
+sources: []
+reads_memory: false
+budgets:
+  tokens: 20000
+  model_calls: 6
+  wall_seconds: 60
+"""
+
+
+def write_agent_setup(base: Path, *, offline_url: str, scripted_url: str) -> dict[str, str]:
+    """Settings for a stack whose runs of the bundled agents answer from the offline
+    model while `scribe` runs (tier deep) go to a second, scripted offline model and
+    propose the test-only `append_note` write. A script is one queue per model
+    process, so runs that other load drives never spend the scribe's steps."""
+    agents = base / "agents"
+    agents.mkdir(parents=True, exist_ok=True)
+    for spec in (REPO_ROOT / "agents").glob("*.yaml"):
+        (agents / spec.name).write_text(spec.read_text())
+    (agents / "scribe.yaml").write_text(_SCRIBE_SPEC)
+    config = base / "providers.yaml"
+    config.write_text(
+        "providers:\n"
+        f"  - name: offline\n    base_url: {offline_url}/v1\n    offline_demo: true\n"
+        "    models: {fast: cairn-offline-demo, balanced: cairn-offline-demo}\n"
+        f"  - name: scripted\n    base_url: {scripted_url}/v1\n    offline_demo: true\n"
+        "    models: {deep: cairn-offline-demo}\n"
+    )
+    return {
+        "CAIRN_AGENTS_DIR": str(agents),
+        "CAIRN_GATEWAY_CONFIG": str(config),
+        "CAIRN_TEST_WRITE_TOOL": "1",
+    }
+
+
+def plan_replica_ports(services: Sequence[str], *, replicas: int) -> dict[str, list[int]]:
+    """A free loopback port for each replica of each service."""
+    return {service: [free_port() for _ in range(replicas)] for service in services}
+
+
+def replica_targets(ports: Mapping[str, Sequence[int]]) -> dict[str, str]:
+    """Each service's client target over all its replicas (for stack_env)."""
+    return {
+        service: replica_target([f"127.0.0.1:{port}" for port in service_ports])
+        for service, service_ports in ports.items()
+    }
+
+
+@dataclass
+class LocalStack:
+    """N replicas of each service on loopback ports, each of which a test or a
+    benchmark may SIGKILL and start again on its own port."""
+
+    ports: dict[str, list[int]]
+    env: dict[str, str]
+    log_dir: Path
+    replicas: dict[str, list[ServiceProcess]] = field(default_factory=dict)
+    retired: list[ServiceProcess] = field(default_factory=list)
+
+    @property
+    def targets(self) -> dict[str, str]:
+        return replica_targets(self.ports)
+
+    def address(self, service: str, index: int) -> str:
+        return f"127.0.0.1:{self.ports[service][index]}"
+
+    def start(self, service: str, index: int, *, generation: int = 0) -> ServiceProcess:
+        """Start (or start again) replica `index` of `service` on its own port."""
+        suffix = f"-{index}" + (f"-g{generation}" if generation else "")
+        proc = start_service(
+            service,
+            port=self.ports[service][index],
+            env=replica_env(service, index, self.env),
+            log_dir=self.log_dir,
+            suffix=suffix,
+        )
+        self.replicas.setdefault(service, [])
+        if index < len(self.replicas[service]):
+            self.retired.append(self.replicas[service][index])
+            self.replicas[service][index] = proc
+        else:
+            self.replicas[service].append(proc)
+        return proc
+
+    def kill(self, service: str, index: int) -> ServiceProcess:
+        """SIGKILL one replica: no shutdown code runs, nothing is released."""
+        proc = self.replicas[service][index]
+        proc.kill()
+        return proc
+
+    def processes(self) -> list[ServiceProcess]:
+        return [proc for procs in self.replicas.values() for proc in procs]
+
+    def stop(self) -> None:
+        for proc in reversed(self.processes()):
+            proc.stop()
+        for proc in self.retired:
+            proc.stop()
+
+
+def start_local_stack(
+    ports: Mapping[str, Sequence[int]],
+    *,
+    env: Mapping[str, str],
+    log_dir: Path,
+    timeout: float = 120.0,
+) -> LocalStack:
+    """Every replica of every service in `ports`, SERVING before it is handed over;
+    `env` should name the services by `replica_targets(ports)` (see stack_env)."""
+    stack = LocalStack(
+        ports={service: list(p) for service, p in ports.items()}, env=dict(env), log_dir=log_dir
+    )
+    try:
+        for service, service_ports in ports.items():
+            for index in range(len(service_ports)):
+                stack.start(service, index)
+        for proc in stack.processes():
+            wait_for_health(proc, timeout=timeout)
+    except BaseException:
+        stack.stop()
+        raise
+    return stack
+
+
 @contextmanager
 def serving(
     service: str, *, env: Mapping[str, str], log_dir: Path, suffix: str = "", timeout: float = 60.0
