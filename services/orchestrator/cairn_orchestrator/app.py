@@ -4,6 +4,10 @@ the agent specs, and the gRPC servicer, as a cairn_libs.server.ServiceApp.
 Readiness is the database alone (reachable and migrated). Gateway, retrieval and
 memory are not required to be up: a run without them degrades and says so in its
 trajectory (I11), which is better than an orchestrator that refuses to start.
+The same holds for tool sources: each is listed at start-up (bounded by
+CAIRN_TOOL_LIST_TIMEOUT_SECONDS) and, if it does not answer, again every
+CAIRN_TOOL_LIST_RETRY_SECONDS; until then its tools are not offered, and the
+log says so.
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ from cairn_libs.identity import DEFAULT_AUDIENCE, DEFAULT_ISSUER, TokenIssuer
 from cairn_libs.settings import positive_number
 from cairn_orchestrator.confirmations import DEFAULT_CONFIRMATION_TTL_SECONDS
 from cairn_orchestrator.conversation import ConversationArchiver
+from cairn_orchestrator.grpc_tool_source import GrpcToolSource
 from cairn_orchestrator.knowledge_tool import search_knowledge_tool
 from cairn_orchestrator.loop import LoopSettings, RunLoop
+from cairn_orchestrator.mcp_tool_source import McpToolSource
 from cairn_orchestrator.memory_tools import memory_tools
 from cairn_orchestrator.note_tool import append_note_tool
 from cairn_orchestrator.orchestrator import Orchestrator
@@ -41,6 +47,12 @@ from cairn_orchestrator.postgres import (
 from cairn_orchestrator.remote import GatewayClient, MemoryClient, RetrievalClient
 from cairn_orchestrator.servicer import OrchestratorServicer
 from cairn_orchestrator.specs import load_agent_specs
+from cairn_orchestrator.tool_sources import (
+    TOOL_AUDIENCE,
+    DeclaredSource,
+    ToolSource,
+    ToolSources,
+)
 from cairn_orchestrator.tools import ToolRegistry
 
 log = structlog.get_logger(__name__)
@@ -69,6 +81,8 @@ class OrchestratorConfig:
     lease_seconds: float = DEFAULT_LEASE_SECONDS
     # Tests only: register the counted `append_note` write tool (note_tool.py).
     test_write_tool: bool = False
+    tool_list_timeout_seconds: float = 5.0
+    tool_list_retry_seconds: float = 5.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OrchestratorConfig:
@@ -105,6 +119,10 @@ class OrchestratorConfig:
                 "CAIRN_RUN_LEASE_SECONDS", DEFAULT_LEASE_SECONDS, env=env
             ),
             test_write_tool=env.get("CAIRN_TEST_WRITE_TOOL", "").strip() == "1",
+            tool_list_timeout_seconds=positive_number(
+                "CAIRN_TOOL_LIST_TIMEOUT_SECONDS", 5.0, env=env
+            ),
+            tool_list_retry_seconds=positive_number("CAIRN_TOOL_LIST_RETRY_SECONDS", 5.0, env=env),
         )
 
 
@@ -150,6 +168,30 @@ class OrchestratorApp:
         def mint_actor_token(run_id: str, agent: str) -> str:
             return issuer.actor_token(service="orchestrator", run_id=run_id, agent=agent)
 
+        # What a tool source gets beside the caller's token: cairn's per-run actor
+        # token for an audience no cairn service accepts (TOOL_AUDIENCE).
+        tool_issuer = TokenIssuer(
+            private_key=issuer.private_key, issuer=issuer.issuer, audience=TOOL_AUDIENCE
+        )
+
+        def mint_tool_token(run_id: str, agent: str) -> str:
+            return tool_issuer.actor_token(
+                service="orchestrator", run_id=run_id or "tools/list", agent=agent
+            )
+
+        def connect(declared: DeclaredSource) -> ToolSource:
+            if declared.transport == "grpc":
+                return GrpcToolSource(declared.name, declared.address, mint_token=mint_tool_token)
+            return McpToolSource(declared.name, declared.address, mint_token=mint_tool_token)
+
+        self._tool_sources = ToolSources(
+            catalog.tool_sources,
+            connect=connect,
+            registry=registry,
+            list_deadline_seconds=config.tool_list_timeout_seconds,
+            retry_seconds=config.tool_list_retry_seconds,
+        )
+
         loop = RunLoop(
             store=store,
             gateway=self._gateway,
@@ -182,6 +224,7 @@ class OrchestratorApp:
             memory=config.memory_addr or NOT_CONFIGURED,
             lease_owner=store.owner,
             test_write_tool=config.test_write_tool,
+            tool_sources={s.name: f"{s.transport} {s.address}" for s in catalog.tool_sources},
         )
 
     @classmethod
@@ -197,7 +240,10 @@ class OrchestratorApp:
     async def start(self) -> None:
         """Nothing to wait for: the database connects on the first readiness check.
         The upkeep starts at once and recovers runs an earlier process left behind
-        as soon as the database answers."""
+        as soon as the database answers. Tool sources are listed first (bounded), so
+        an orchestrator that reports SERVING offers the tools of every source that
+        answered."""
+        await self._tool_sources.start()
         self._upkeep = asyncio.create_task(self._keep_up())
 
     async def _keep_up(self) -> None:
@@ -221,6 +267,7 @@ class OrchestratorApp:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._upkeep
         await self._loop.stop()
+        await self._tool_sources.close()
         await self._gateway.close()
         if self._retrieval is not None:
             await self._retrieval.close()

@@ -5,12 +5,16 @@ file and the field and says what would be accepted; a bad spec stops the service
 at start-up rather than failing a caller's run later. Unknown fields are refused
 too, because a misspelt `reads_memroy: true` silently meaning "false" is worse
 than a start-up error.
+
+`tool_sources` imports tools from a company's own systems (tool_sources.py
+parses that part); the imported tools join the agent's `tools`, and the catalog
+keeps every declared source, merged across specs, for the app to connect.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,19 +22,24 @@ import yaml
 
 from cairn_orchestrator.domain import TIERS, AgentSpec, Budgets, Tier
 from cairn_orchestrator.errors import AgentSpecInvalid, UnknownAgent
+from cairn_orchestrator.tool_sources import DeclaredSource, merge_sources, parse_tool_sources
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 SOURCE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 REQUIRED_FIELDS = ("name", "description", "tier", "system_prompt", "budgets")
-OPTIONAL_FIELDS = ("tools", "sources", "reads_memory")
+OPTIONAL_FIELDS = ("tools", "sources", "reads_memory", "tool_sources")
 BUDGET_FIELDS = ("tokens", "model_calls", "wall_seconds")
 
 
 class AgentCatalog:
     """The loaded specs, by name."""
 
-    def __init__(self, specs: Collection[AgentSpec]) -> None:
+    def __init__(
+        self, specs: Collection[AgentSpec], *, tool_sources: Sequence[DeclaredSource] = ()
+    ) -> None:
         self._specs = {spec.name: spec for spec in specs}
+        # Every source any spec imports from, one per name.
+        self.tool_sources = tuple(tool_sources)
 
     def get(self, name: str) -> AgentSpec:
         spec = self._specs.get(name)
@@ -45,8 +54,26 @@ class AgentCatalog:
         return [self._specs[name] for name in self.names()]
 
 
-def parse_agent_spec(document: object, *, file: str, known_tools: Collection[str]) -> AgentSpec:
+def parse_agent_spec(
+    document: object,
+    *,
+    file: str,
+    known_tools: Collection[str],
+    env: Mapping[str, str] | None = None,
+) -> AgentSpec:
     """One YAML document to an AgentSpec, or AgentSpecInvalid naming file and field."""
+    return parse_agent_document(document, file=file, known_tools=known_tools, env=env)[0]
+
+
+def parse_agent_document(
+    document: object,
+    *,
+    file: str,
+    known_tools: Collection[str],
+    env: Mapping[str, str] | None = None,
+) -> tuple[AgentSpec, tuple[DeclaredSource, ...]]:
+    """One YAML document to its AgentSpec (imported tools included in `tools`) and
+    the tool sources it declares."""
     if not isinstance(document, Mapping):
         raise AgentSpecInvalid(
             file, "<document>", f"expected a mapping of fields, got {type(document).__name__}"
@@ -94,33 +121,44 @@ def parse_agent_spec(document: object, *, file: str, known_tools: Collection[str
     reads_memory = document.get("reads_memory", False)
     if not isinstance(reads_memory, bool):
         raise AgentSpecInvalid(file, "reads_memory", f"{reads_memory!r} must be true or false")
+    tool_sources = parse_tool_sources(
+        document.get("tool_sources") or [], file=file, builtin_tools=tuple(known_tools), env=env
+    )
+    imported = tuple(name for source in tool_sources for name in source.tools)
 
-    return AgentSpec(
+    spec = AgentSpec(
         name=name,
         description=_text(document, "description", file=file),
         tier=tier,
         system_prompt=_text(document, "system_prompt", file=file),
-        tools=tools,
+        tools=(*tools, *imported),
         sources=sources,
         budgets=_budgets(document["budgets"], file=file),
         reads_memory=reads_memory,
         file=file,
     )
+    return spec, tool_sources
 
 
-def load_agent_specs(folder: Path, *, known_tools: Collection[str]) -> AgentCatalog:
+def load_agent_specs(
+    folder: Path, *, known_tools: Collection[str], env: Mapping[str, str] | None = None
+) -> AgentCatalog:
     """Every `*.yaml`/`*.yml` file in `folder` (one spec each); names must be unique."""
     if not folder.is_dir():
         raise AgentSpecInvalid(
             str(folder), "<folder>", "the agents folder does not exist (set CAIRN_AGENTS_DIR)"
         )
     specs: dict[str, AgentSpec] = {}
+    declared: list[DeclaredSource] = []
     for path in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")]):
         try:
             document = yaml.safe_load(path.read_text())
         except yaml.YAMLError as exc:
             raise AgentSpecInvalid(str(path), "<document>", f"is not valid YAML: {exc}") from exc
-        spec = parse_agent_spec(document, file=str(path), known_tools=known_tools)
+        spec, tool_sources = parse_agent_document(
+            document, file=str(path), known_tools=known_tools, env=env
+        )
+        declared.extend(tool_sources)
         if spec.name in specs:
             raise AgentSpecInvalid(
                 str(path),
@@ -128,7 +166,7 @@ def load_agent_specs(folder: Path, *, known_tools: Collection[str]) -> AgentCata
                 f"{spec.name!r} is already the name of the agent in {specs[spec.name].file}",
             )
         specs[spec.name] = spec
-    return AgentCatalog(list(specs.values()))
+    return AgentCatalog(list(specs.values()), tool_sources=merge_sources(declared))
 
 
 def _text(document: Mapping[str, Any], field: str, *, file: str) -> str:

@@ -7,6 +7,11 @@ against the schema before the handler runs; a handler returns a result or an
 error value, and a handler that raises anyway is caught here and becomes error
 data (I3). Results above the byte cap are cut and marked truncated (I10).
 
+A tool imported from another system (tool_sources.py) is a Tool like any other,
+with its `source` named: the dispatcher applies the same rules to it, counts its
+per-run call budget, and names the source on the `execute_tool` span and in the
+trajectory step, so a built-in and an imported tool read alike in both.
+
 A write needs a person's yes before it runs (I4), so a write tool is registered
 only with a confirmation card renderer, and the dispatcher refuses to run one
 without the confirmation token of an approval. A write handler receives that
@@ -20,13 +25,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import structlog
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from jsonschema.exceptions import best_match as best_schema_error
+from opentelemetry import trace
 
 from cairn_libs.identity import Principal
 from cairn_orchestrator.domain import (
@@ -56,6 +62,7 @@ UNKNOWN_TOOL = "tool.unknown"
 CONFIRMATION_UNAVAILABLE = "tool.confirmation_unavailable"
 DENIED = "tool.denied"
 UNSTORABLE_TEXT = "tool.unstorable_text"
+CALL_BUDGET_EXHAUSTED = "tool.call_budget_exhausted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +116,12 @@ class Tool:
     copies_of: CopiesOf | None = None
     result_byte_cap: int = DEFAULT_RESULT_BYTE_CAP
     needs_confirmation: bool = False
+    # Where an imported tool comes from (its source's name and transport, "grpc" or
+    # "mcp"); empty for a built-in.
+    source: str = ""
+    transport: str = ""
+    # How many times one run may call it; None: no limit beyond the run's budgets.
+    call_budget: int | None = None
 
     @property
     def confirmation_required(self) -> bool:
@@ -142,6 +155,10 @@ class ToolRegistry:
             raise ToolContractViolation(
                 f"tool {tool.name!r} needs confirmation ({tool.effect}) but has no confirmation card "
                 "renderer; a person must be able to read what they approve"
+            )
+        if tool.call_budget is not None and tool.call_budget < 1:
+            raise ToolContractViolation(
+                f"tool {tool.name!r}: call_budget {tool.call_budget!r} must be at least 1"
             )
         if tool.result_byte_cap < 64:
             raise ToolContractViolation(
@@ -245,6 +262,9 @@ class ToolCallOutcome:
     result_bytes: int = 0
     knowledge: tuple[LabelledChunk, ...] = ()
     copies: tuple[HeldCopy, ...] = ()
+    # The source an imported tool came from (see Tool.source); empty for a built-in.
+    source: str = ""
+    transport: str = ""
 
     def detail(self) -> dict[str, JSONValue]:
         detail: dict[str, JSONValue] = {
@@ -259,11 +279,34 @@ class ToolCallOutcome:
             detail["result"] = self.content if self.truncated else self.result
         if self.knowledge:
             detail["labels"] = [entry.label for entry in self.knowledge]
+        if self.source:
+            detail["source"] = self.source
+            detail["transport"] = self.transport
         return detail
 
 
 def refused(call: ToolCallRequest, error: ErrorValue) -> ToolCallOutcome:
     return ToolCallOutcome(call=call, content=error_content(error), error=error)
+
+
+def call_number(call: ToolCallRequest, run_calls: Sequence[ToolCallRequest]) -> int:
+    """Which call of its tool this one is in the run (1 for the first), counted
+    from the run's own record of the calls the model asked for."""
+    earlier = [c.id for c in run_calls if c.name == call.name]
+    return earlier.index(call.id) + 1 if call.id in earlier else len(earlier) + 1
+
+
+def _describe_span(tool: Tool) -> None:
+    """Name the tool's kind and source on the current `execute_tool` span
+    (OpenTelemetry GenAI: gen_ai.tool.type is `function` for code of the agent's
+    own, `extension` for a tool another system runs)."""
+    attributes: dict[str, str] = {
+        "gen_ai.tool.type": "extension" if tool.source else "function",
+        "gen_ai.tool.description": tool.description[:256],
+    }
+    if tool.source:
+        attributes |= {"cairn.tool.source": tool.source, "cairn.tool.transport": tool.transport}
+    trace.get_current_span().set_attributes(attributes)
 
 
 async def dispatch(
@@ -274,6 +317,27 @@ async def dispatch(
     tool = registry.get(call.name)
     if tool is None:
         return refused(call, ErrorValue(UNKNOWN_TOOL, f"no tool named {call.name!r} is available"))
+    _describe_span(tool)
+    outcome = await _dispatch_to(tool, registry, call, context)
+    if tool.source:
+        return replace(outcome, source=tool.source, transport=tool.transport)
+    return outcome
+
+
+async def _dispatch_to(
+    tool: Tool, registry: ToolRegistry, call: ToolCallRequest, context: ToolContext
+) -> ToolCallOutcome:
+    if tool.call_budget is not None:
+        number = call_number(call, context.run_calls)
+        if number > tool.call_budget:
+            return refused(
+                call,
+                ErrorValue(
+                    CALL_BUDGET_EXHAUSTED,
+                    f"the {call.name} tool may be called at most {tool.call_budget} times in "
+                    f"one run and this was call {number}; answer with what you have",
+                ),
+            )
     if tool.confirmation_required and not context.confirmation_token:
         # I4, checked again at the last door: the loop never gets here unconfirmed.
         return refused(
