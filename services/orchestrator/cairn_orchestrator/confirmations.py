@@ -276,6 +276,12 @@ def decide_resolution(
     ):
         return Refuse()
     state = confirmation.state
+    if run_state is RunState.CANCELLED and state in (
+        ConfirmationState.PENDING,
+        ConfirmationState.APPROVED,
+        ConfirmationState.ABANDONED,
+    ):
+        return Reject(cancelled_message(confirmation, decision=decision))
     # Someone is on the run right now only if it is RUNNING under a live lease.
     interrupted = run_state is RunState.CONFIRMATION_PENDING or (
         run_state is RunState.RUNNING and not run_lease_live
@@ -323,6 +329,20 @@ def decide_resolution(
     return Reject(
         f"run {confirmation.run_id!r} ended before this write could finish; "
         "see the run's reason and trajectory"
+    )
+
+
+def cancelled_message(confirmation: Confirmation, *, decision: Decision) -> str:
+    verb = "approved" if decision == "approve" else "denied"
+    effect = (
+        "it may have taken effect once before the orchestrator stopped, and it is not "
+        "carried out again"
+        if confirmation.executions
+        else "its write did not run"
+    )
+    return (
+        f"run {confirmation.run_id!r} was cancelled, so this confirmation for "
+        f"{confirmation.tool_name} can no longer be {verb}; {effect}"
     )
 
 
@@ -383,6 +403,71 @@ def resolved_detail(
         "note": note,
         "resumed_after_interruption": resumed,
     }
+
+
+# ---------------------------------------------------------------- a person cancels the run
+
+CancelledWrite = Literal["none", "not_run", "in_flight", "done", "may_have_run"]
+
+
+@dataclass(frozen=True, slots=True)
+class CancelEffect:
+    """What a CancelRun does to the write its run was on. `new_state`: what the
+    confirmation becomes (None: it stays as it is); `write`: what the trajectory
+    says of the write; `note`: the same in words, for the run's reason."""
+
+    write: CancelledWrite
+    new_state: ConfirmationState | None = None
+    note: str = ""
+
+
+def cancel_effect(
+    confirmation: Confirmation | None, *, run_state: RunState, run_lease_live: bool
+) -> CancelEffect:
+    """A write not yet handed to its target never will be (ABANDONED); one being
+    carried out by a live orchestrator is left to finish and record its outcome
+    (it takes effect at most once: the token is its idempotency key); one whose
+    orchestrator stopped half way may have taken effect and is not tried again."""
+    if confirmation is None or confirmation.state not in OPEN_STATES:
+        return CancelEffect("none")
+    tool = confirmation.tool_name
+    if confirmation.state in (ConfirmationState.PENDING, ConfirmationState.APPROVED):
+        return CancelEffect(
+            "not_run",
+            ConfirmationState.ABANDONED,
+            f"the {tool} it waited on was abandoned and did not run",
+        )
+    if confirmation.state is ConfirmationState.EXECUTED:
+        return CancelEffect("done", None, f"the approved {tool} had already been carried out once")
+    if run_state is RunState.RUNNING and run_lease_live:
+        return CancelEffect(
+            "in_flight",
+            None,
+            f"the approved {tool} was being carried out; it completes or not, at most once, "
+            "and the trajectory records which",
+        )
+    return CancelEffect(
+        "may_have_run",
+        ConfirmationState.ABANDONED,
+        f"the approved {tool} was being carried out when the orchestrator stopped; it may "
+        "have taken effect once and is not carried out again",
+    )
+
+
+def cancel_reason(cancelled_by: str, words: str, effect: CancelEffect) -> str:
+    """The run's reason: who cancelled, in their own words, and what became of the write."""
+    said = f": {words}" if words else ""
+    done = f"; {effect.note}" if effect.note else ""
+    return f"cancelled by {cancelled_by}{said}{done}"
+
+
+def check_cancel_reason(reason: str) -> str | None:
+    """Why a cancel's reason is refused, or None."""
+    if len(reason) > MAX_NOTE_CHARS:
+        return f"reason has {len(reason)} characters; at most {MAX_NOTE_CHARS} are accepted"
+    if "\x00" in reason:
+        return "reason holds U+0000, which cannot be stored; send the text without it"
+    return None
 
 
 # ---------------------------------------------------------------- what the model reads

@@ -10,8 +10,11 @@
     ├── StoreUnavailable         the run store (PostgreSQL) failed          UNAVAILABLE
     │   └── RunTakenOver         another orchestrator took the run's lease  UNAVAILABLE
     ├── StoreRefusedValue        PostgreSQL refused a value (not an outage) INVALID_ARGUMENT
-    └── ConfirmationClosed       the confirmation expired or was already    FAILED_PRECONDITION
-                                 decided the other way
+    ├── ConfirmationClosed       the confirmation expired or was already    FAILED_PRECONDITION
+    │                            decided the other way (or its run was cancelled)
+    ├── RunEnded                 CancelRun on a run that has already ended  FAILED_PRECONDITION
+    └── RunCancelled             inside the loop only: a person cancelled   FAILED_PRECONDITION
+                                 the run this process is working on
 
 A confirmation token that is not the caller's (or not a person's to resolve,
 or does not exist) is RunNotVisible: the one denial (I6).
@@ -24,6 +27,9 @@ run that is not the caller's) is refused with a status.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 from cairn_libs.errors import (
     CairnError,
     ConfigurationError,
@@ -32,6 +38,9 @@ from cairn_libs.errors import (
     DependencyUnavailable,
     InvalidInput,
 )
+
+if TYPE_CHECKING:
+    from cairn_orchestrator.domain import StepRecord
 
 
 class OrchestratorError(CairnError):
@@ -108,3 +117,25 @@ class RunTakenOver(StoreUnavailable):
 
 class ConfirmationClosed(OrchestratorError, Conflict):
     """The confirmation cannot take this decision any more; the message says why."""
+
+
+class RunEnded(OrchestratorError, Conflict):
+    """CancelRun on a run that is no longer RUNNING or CONFIRMATION_PENDING."""
+
+    def __init__(self, run_id: str, state: str) -> None:
+        super().__init__(
+            f"run {run_id!r} has already ended ({state}); only a RUNNING or "
+            "CONFIRMATION_PENDING run can be cancelled"
+        )
+        self.state = state
+
+
+class RunCancelled(OrchestratorError, Conflict):
+    """A person cancelled the run this process is working on: the loop stops at
+    once and writes nothing more but its last words (`steps`, e.g. the model call
+    that was cut short), which the store takes only because the run is cancelled."""
+
+    def __init__(self, run_id: str, *, steps: Sequence[StepRecord] = ()) -> None:
+        super().__init__(f"run {run_id!r} was cancelled")
+        self.run_id = run_id
+        self.steps = tuple(steps)

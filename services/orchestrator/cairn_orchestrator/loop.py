@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, S
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from opentelemetry import context as otel_context
@@ -97,6 +97,7 @@ from cairn_orchestrator.domain import (
 from cairn_orchestrator.errors import (
     ConfirmationClosed,
     DependencyFailed,
+    RunCancelled,
     RunNotVisible,
     RunTakenOver,
     StoreUnavailable,
@@ -132,6 +133,8 @@ from cairn_orchestrator.ports import (
 )
 from cairn_orchestrator.tools import ToolCallOutcome, ToolContext, ToolRegistry, dispatch, refused
 
+T = TypeVar("T")
+
 log = structlog.get_logger(__name__)
 tracer = trace.get_tracer(__name__)
 
@@ -161,6 +164,9 @@ class LoopSettings:
     # the run to come to rest, so both callers see the same outcome.
     settle_seconds: float = 30.0
     settle_poll_seconds: float = 0.2
+    # How often a process working on runs asks the store whether a person cancelled
+    # one of them (through any replica): the most a cancelled model call runs on.
+    cancel_poll_seconds: float = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +213,10 @@ class RunLoop:
         # active (leases renewed) until the store answers and the reason is written.
         self._unsettled: dict[str, tuple[_RunScope, str]] = {}
         self._tasks: set[asyncio.Task[Run]] = set()
+        # Set when a person cancels a run this process is working on (CancelRun here,
+        # or on another replica, which the watcher finds in the run's state).
+        self._cancels: dict[str, asyncio.Event] = {}
+        self._watcher: asyncio.Task[None] | None = None
 
     def active_run_ids(self) -> tuple[str, ...]:
         """The runs this process is driving right now (their leases are renewed)."""
@@ -219,15 +229,70 @@ class RunLoop:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
         if self._confirmations is not None:
             try:
                 await self._confirmations.release_leases()
             except StoreUnavailable:
                 log.warning("runs.leases_not_released")
 
+    def _activate(self, run_id: str) -> None:
+        """This process works on the run now: renew its lease, watch for a cancel."""
+        self._active.add(run_id)
+        self._cancels.setdefault(run_id, asyncio.Event())
+        if self._confirmations is not None and (self._watcher is None or self._watcher.done()):
+            self._watcher = asyncio.create_task(self._watch_cancels(self._confirmations))
+
     def _release(self, run_id: str) -> None:
+        self._cancels.pop(run_id, None)
         if run_id not in self._unsettled:
             self._active.discard(run_id)
+
+    def cancelled(self, run_id: str) -> None:
+        """A person cancelled the run: if this process works on it, cut its model call
+        (and the reads in flight) short; the writes after would be refused anyway."""
+        event = self._cancels.get(run_id)
+        if event is not None:
+            event.set()
+
+    async def _watch_cancels(self, confirmations: ConfirmationStore) -> None:
+        """While this process works on runs, ask the store every few hundred ms which
+        of them a person cancelled, on whichever replica they asked. One indexed
+        query per process, not per run; it runs only while runs are in flight."""
+        while self._active:
+            await asyncio.sleep(self._settings.cancel_poll_seconds)
+            watched = [r for r, e in self._cancels.items() if not e.is_set()]
+            try:
+                found = await confirmations.cancelled_runs(watched)
+            except StoreUnavailable:
+                continue
+            for run_id in found:
+                log.info("run.cancel_noticed", run_id=run_id)
+                self.cancelled(run_id)
+
+    async def _unless_cancelled(self, scope: _RunScope, work: Awaitable[T]) -> T:
+        """Await `work`, unless the run is cancelled first: then `work` is cancelled
+        (a gRPC call in flight is cancelled with it) and RunCancelled raised."""
+        event = self._cancels.get(scope.run.run_id)
+        task = asyncio.ensure_future(work)
+        if event is None:
+            return await task
+        waiter = asyncio.create_task(event.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            waiter.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        with suppress(asyncio.CancelledError, Exception):
+            await task
+        raise RunCancelled(scope.run.run_id)
 
     async def settle_unsettled(self) -> list[str]:
         """End, with their true reason, the runs whose store failed under them; a run
@@ -323,7 +388,7 @@ class RunLoop:
                 ),
                 started=started,
             )
-            self._active.add(run_id)
+            self._activate(run_id)
             try:
                 return await self._guarded(
                     scope, span, self._open_and_drive(scope, question=question, earlier=earlier)
@@ -343,6 +408,9 @@ class RunLoop:
         the reason rather than a run silently left RUNNING."""
         try:
             finished = await work
+        except RunCancelled as exc:
+            span.set_attribute("cairn.run_state", RunState.CANCELLED.value)
+            return await self._wind_up_cancelled(scope, exc)
         except RunTakenOver:
             span.set_status(Status(StatusCode.ERROR, "run taken over"))
             raise
@@ -369,6 +437,23 @@ class RunLoop:
         if finished.state not in (RunState.COMPLETED, RunState.CONFIRMATION_PENDING):
             span.set_status(Status(StatusCode.ERROR, finished.state.value))
         return finished
+
+    async def _wind_up_cancelled(self, scope: _RunScope, cancelled: RunCancelled) -> Run:
+        """A person cancelled the run while this process worked on it: add its last
+        steps (the call cut short), give up the lease, and answer with the run."""
+        confirmations = self._confirmations
+        run_id = scope.run.run_id
+        log.info("run.cancelled", steps=len(cancelled.steps))
+        if confirmations is not None:
+            try:
+                await confirmations.record_cancelled(
+                    org_id=scope.run.org_id, run_id=run_id, steps=cancelled.steps
+                )
+            except StoreUnavailable:
+                log.warning("run.cancelled_steps_not_recorded")
+        self.signals.changed(run_id)
+        run = await self._store.get_run(org_id=scope.run.org_id, run_id=run_id, user_id=None)
+        return run if run is not None else scope.run
 
     # ------------------------------------------------------------ a person resolves a write
 
@@ -492,7 +577,7 @@ class RunLoop:
                 # Time spent waiting for the person does not count against the budget.
                 started=self._clock.now() - timedelta(seconds=state.active_seconds),
             )
-            self._active.add(run.run_id)
+            self._activate(run.run_id)
             try:
                 return await self._guarded(
                     scope, span, self._carry_out_and_drive(scope, state, confirmation, claim)
@@ -535,7 +620,7 @@ class RunLoop:
             _mark(span, outcome.error)
         detail = {**outcome.detail(), "confirmed": True, "attempt": begun.executions}
         after = after_resolved_write(state, outcome)
-        await confirmations.record_write(
+        cancelled = await confirmations.record_write(
             org_id=scope.run.org_id,
             run_id=scope.run.run_id,
             token=confirmation.token,
@@ -548,6 +633,8 @@ class RunLoop:
         )
         self.signals.changed(scope.run.run_id)
         log.info("confirmation.executed", tool=call.name, attempt=begun.executions)
+        if cancelled:
+            raise RunCancelled(scope.run.run_id)
         return after
 
     async def _settled(self, run: Run) -> Run:
@@ -577,10 +664,13 @@ class RunLoop:
             (memory_step, memories),
             (knowledge_step, knowledge),
             (conversation_step, window),
-        ) = await asyncio.gather(
-            self._read_memory(scope, question),
-            self._prefetch_knowledge(scope, question, book),
-            self._compact_conversation(scope, earlier),
+        ) = await self._unless_cancelled(
+            scope,
+            asyncio.gather(
+                self._read_memory(scope, question),
+                self._prefetch_knowledge(scope, question, book),
+                self._compact_conversation(scope, earlier),
+            ),
         )
         state = prepare_turn(
             spec=scope.spec,
@@ -885,13 +975,27 @@ class RunLoop:
                 "tools_offered": [t.name for t in request.tools],
             }
             try:
-                reply = await self._gateway.chat(
-                    request,
-                    scope.credentials,
-                    deadline_seconds=self._timeout(
-                        scope, ceiling=self._settings.model_timeout_seconds
+                reply = await self._unless_cancelled(
+                    scope,
+                    self._gateway.chat(
+                        request,
+                        scope.credentials,
+                        deadline_seconds=self._timeout(
+                            scope, ceiling=self._settings.model_timeout_seconds
+                        ),
                     ),
                 )
+            except RunCancelled as exc:
+                error = ErrorValue(
+                    "run.cancelled",
+                    "a person cancelled the run while the model was answering; the call was "
+                    "cancelled and its answer, if any, was not used",
+                )
+                _mark(span, error)
+                record = self._step(
+                    StepKind.MODEL_CALL, f"tier:{request.tier}", span, started, detail, error
+                )
+                raise RunCancelled(exc.run_id, steps=(record,)) from None
             except DependencyFailed as exc:
                 error = ErrorValue(f"gateway.{exc.status_code.lower()}", exc.message)
                 _mark(span, error)
@@ -940,8 +1044,8 @@ class RunLoop:
         now_calls, writes = split_planned(planned)
         book = LabelBook(state.knowledge)
         context = self._context(scope, state, labels=book)
-        observed = await asyncio.gather(
-            *(self._run_tool(scope, call, context) for call in now_calls)
+        observed = await self._unless_cancelled(
+            scope, asyncio.gather(*(self._run_tool(scope, call, context) for call in now_calls))
         )
         state = after_tool_calls(
             state, [outcome for outcome, _ in observed], knowledge=book.entries

@@ -29,7 +29,7 @@ from cairn_libs.errors import InvalidInput
 from cairn_libs.identity import Principal
 from cairn_libs.subject_access import may_handle_subject_records
 from cairn_libs.telemetry import span_id_hex
-from cairn_orchestrator.confirmations import check_note, pending_view
+from cairn_orchestrator.confirmations import check_cancel_reason, check_note, pending_view
 from cairn_orchestrator.domain import (
     ADMIN_ROLE,
     AgentSpec,
@@ -46,7 +46,13 @@ from cairn_orchestrator.domain import (
     card_language,
 )
 from cairn_orchestrator.erasure import ErasedCopies
-from cairn_orchestrator.errors import BadPageToken, RunNotVisible, StoreUnavailable, UnknownAgent
+from cairn_orchestrator.errors import (
+    BadPageToken,
+    RunEnded,
+    RunNotVisible,
+    StoreUnavailable,
+    UnknownAgent,
+)
 from cairn_orchestrator.events import Signal
 from cairn_orchestrator.loop import Caller, RunLoop
 from cairn_orchestrator.ports import ConfirmationStore, CopyStore, RunStore
@@ -304,6 +310,40 @@ class Orchestrator:
             note=note.strip(),
             spec_for=self._spec_or_none,
         )
+
+    async def cancel_run(self, caller: Caller, run_id: str, *, reason: str = "") -> Run:
+        """A person stops their run. Only the run's own person may, as only they may
+        resolve its confirmations (a service acting, an admin, anyone else: the one
+        denial, I6). A run that has ended is FAILED_PRECONDITION naming its state.
+
+        The store decides under the run's lock (postgres.cancel_run); the process
+        working on the run hears of it at once when it is this one, and within the
+        loop's cancel_poll_seconds when it is another replica."""
+        words = reason.strip()
+        problem = check_cancel_reason(words)
+        if problem is not None:
+            raise InvalidInput(problem)
+        confirmations = self._confirmations
+        if not caller.is_person or confirmations is None or not _RUN_ID_SHAPE.fullmatch(run_id):
+            raise RunNotVisible()
+        with tracer.start_as_current_span(
+            "cancel_run", attributes={"cairn.run_id": run_id}
+        ) as span:
+            outcome = await confirmations.cancel_run(
+                org_id=caller.principal.org_id,
+                run_id=run_id,
+                user_id=caller.principal.user_id,
+                words=words,
+                span_id=span_id_hex(span),
+            )
+        if outcome is None:
+            raise RunNotVisible()
+        if isinstance(outcome, RunState):
+            raise RunEnded(run_id, outcome.value)
+        self._loop.cancelled(run_id)
+        self._loop.signals.changed(run_id)
+        log.info("run.cancel_requested", run_id=run_id)
+        return outcome
 
     def _spec_or_none(self, name: str) -> AgentSpec | None:
         try:

@@ -264,7 +264,21 @@ class ConfirmationStore(Protocol):
         result: dict[str, JSONValue],
         step: StepRecord,
         loop_state: LoopState,
+    ) -> bool:
+        """True when the run was cancelled while the write was carried out."""
+        ...
+
+    async def cancel_run(
+        self, *, org_id: str, run_id: str, user_id: str, words: str, span_id: str
+    ) -> Run | RunState | None:
+        """The cancelled run; the state it already ended in; None: not the caller's."""
+        ...
+
+    async def record_cancelled(
+        self, *, org_id: str, run_id: str, steps: Sequence[StepRecord]
     ) -> None: ...
+
+    async def cancelled_runs(self, run_ids: Sequence[str]) -> list[str]: ...
 
     async def pending_confirmations(
         self, *, org_id: str, user_id: str | None

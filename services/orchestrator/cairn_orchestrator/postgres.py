@@ -51,6 +51,8 @@ from cairn_orchestrator.confirmations import (
     Resolver,
     after_interruption,
     after_resolved_write,
+    cancel_effect,
+    cancel_reason,
     decide_resolution,
     denial_outcome,
     expiry_on_sweep,
@@ -84,7 +86,12 @@ from cairn_orchestrator.domain import (
     ToolCallRequest,
 )
 from cairn_orchestrator.erasure import ORG_WIDE_MIN_CHARS, ErasedCopies, Eraser, search_forms
-from cairn_orchestrator.errors import RunTakenOver, StoreRefusedValue, StoreUnavailable
+from cairn_orchestrator.errors import (
+    RunCancelled,
+    RunTakenOver,
+    StoreRefusedValue,
+    StoreUnavailable,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -464,7 +471,7 @@ class PostgresRunStore:
                 *_copies_arrays(steps),
             )
         if not rows:
-            raise RunTakenOver(run_id)
+            raise await self._lost(org_id, run_id)
         return sorted((_step(row) for row in rows), key=lambda step: step.seq)
 
     async def finish_run(
@@ -514,7 +521,7 @@ class PostgresRunStore:
                 *_copies_arrays(steps),
             )
         if row is None:
-            raise RunTakenOver(run_id)
+            raise await self._lost(org_id, run_id)
         return _run(row)
 
     async def get_run(self, *, org_id: str, run_id: str, user_id: str | None) -> Run | None:
@@ -609,7 +616,7 @@ class PostgresRunStore:
                 usage.model_calls,
             )
             if parked is None:
-                raise RunTakenOver(run_id)
+                raise await self._lost_in(conn, org_id, run_id)
             expires_at: datetime = await conn.fetchval(
                 """
                 INSERT INTO confirmations (confirmation_token, org_id, run_id, user_id, tool_name,
@@ -864,11 +871,24 @@ class PostgresRunStore:
         result: dict[str, JSONValue],
         step: StepRecord,
         loop_state: LoopState,
-    ) -> None:
+    ) -> bool:
         """The write's outcome, its TOOL_CALL step and the state after it, together:
-        once this commits the write is never handed to its target again."""
+        once this commits the write is never handed to its target again.
+
+        A person may have cancelled the run while the write was being carried out:
+        its outcome is still recorded (the trajectory says it completed, and that the
+        run was cancelled meanwhile), the run stays CANCELLED, and True is returned
+        so the loop goes no further."""
         async with self._connection() as conn, conn.transaction():
-            await self._fence(conn, org_id, run_id)
+            run = await conn.fetchrow(
+                "SELECT state, lease_owner FROM runs WHERE org_id = $1 AND run_id = $2 FOR UPDATE",
+                org_id,
+                run_id,
+            )
+            held = run is not None and run["lease_owner"] == self.owner
+            if not held or run["state"] not in ("RUNNING", "CANCELLED"):
+                raise await self._lost_in(conn, org_id, run_id)
+            cancelled: bool = run["state"] == "CANCELLED"
             done = await conn.fetchval(
                 """
                 UPDATE confirmations SET state = 'EXECUTED', result = $3::jsonb,
@@ -882,14 +902,162 @@ class PostgresRunStore:
             )
             if done is None:
                 raise RunTakenOver(run_id)
-            await conn.execute(
-                "UPDATE runs SET loop_state = $3::jsonb, updated_at = clock_timestamp() "
-                "WHERE org_id = $1 AND run_id = $2",
+            if cancelled:
+                step = replace(step, detail={**step.detail, "after_cancel": True})
+            else:
+                await conn.execute(
+                    "UPDATE runs SET loop_state = $3::jsonb, updated_at = clock_timestamp() "
+                    "WHERE org_id = $1 AND run_id = $2",
+                    org_id,
+                    run_id,
+                    _json(loop_state.to_json()),
+                )
+            await self._append_step(conn, org_id, run_id, step)
+        return cancelled
+
+    # ------------------------------------------------------------ a person cancels a run
+
+    async def cancel_run(
+        self, *, org_id: str, run_id: str, user_id: str, words: str, span_id: str
+    ) -> Run | RunState | None:
+        """Stop the run of `user_id` (its owner; None when there is none such, the one
+        denial), or return the state it already ended in. One transaction under the
+        run's and its confirmation's row locks, taken in the order resolve_confirmation
+        takes them, so an approval and a cancel at once serialise: a write not yet
+        handed to its target is abandoned, one being carried out finishes and records
+        itself (record_write), and the CONFIRMATION_RESOLVED step says which.
+
+        The orchestrator working on the run finds out from the run's state: each of
+        its writes is fenced on RUNNING, and its watcher (cancelled_runs) cuts the
+        model call short. Its lease owner is kept, so it alone may add the last
+        steps (record_cancelled)."""
+        async with self._connection() as conn, conn.transaction():
+            run_row = await conn.fetchrow(
+                """
+                SELECT state, current_confirmation,
+                       coalesce(lease_until > clock_timestamp(), false) AS lease_live,
+                       clock_timestamp() AS now
+                FROM runs WHERE org_id = $1 AND run_id = $2 AND user_id = $3 FOR UPDATE
+                """,
                 org_id,
                 run_id,
-                _json(loop_state.to_json()),
+                user_id,
             )
-            await self._append_step(conn, org_id, run_id, step)
+            if run_row is None:
+                return None
+            run_state = RunState(run_row["state"])
+            if run_state.terminal:
+                return run_state
+            confirmation = None
+            if run_row["current_confirmation"] is not None:
+                conf_row = await conn.fetchrow(
+                    "SELECT * FROM confirmations WHERE org_id = $1 AND confirmation_token = $2 "
+                    "FOR UPDATE",
+                    org_id,
+                    run_row["current_confirmation"],
+                )
+                confirmation = _confirmation(conf_row) if conf_row is not None else None
+            effect = cancel_effect(
+                confirmation, run_state=run_state, run_lease_live=run_row["lease_live"]
+            )
+            now: datetime = run_row["now"]
+            await conn.execute(
+                """
+                UPDATE runs SET state = 'CANCELLED', reason = $3, cancelled_by = $4,
+                       lease_until = NULL, updated_at = clock_timestamp()
+                WHERE org_id = $1 AND run_id = $2
+                """,
+                org_id,
+                run_id,
+                cancel_reason(user_id, words, effect),
+                user_id,
+            )
+            if confirmation is not None and effect.write != "none":
+                if effect.new_state is not None:
+                    await conn.execute(
+                        "UPDATE confirmations SET state = $3 "
+                        "WHERE org_id = $1 AND confirmation_token = $2",
+                        org_id,
+                        confirmation.token,
+                        effect.new_state.value,
+                    )
+                detail = resolved_detail(
+                    confirmation,
+                    decision="CANCELLED",
+                    resolved_by=user_id,
+                    resolved_at=now,
+                    note=words,
+                    resumed=False,
+                )
+                await self._append_step(
+                    conn,
+                    org_id,
+                    run_id,
+                    StepRecord(
+                        kind=StepKind.CONFIRMATION_RESOLVED,
+                        name=confirmation.tool_name,
+                        span_id=span_id,
+                        started_at=now,
+                        finished_at=now,
+                        detail={**detail, "write": effect.write, "write_note": effect.note},
+                    ),
+                )
+            return await self._run_in(conn, org_id, run_id)
+
+    async def record_cancelled(
+        self, *, org_id: str, run_id: str, steps: Sequence[StepRecord]
+    ) -> None:
+        """The last steps of a run a person cancelled while this process worked on it
+        (the model call cut short), and this process's lease given up. Only the
+        process that held the run may, and only once: a run taken over, finished
+        or already wound up takes nothing."""
+        async with self._connection() as conn:
+            await conn.execute(
+                """
+                WITH run AS (
+                    UPDATE runs SET step_count = step_count + $3, lease_owner = NULL,
+                           updated_at = clock_timestamp()
+                    WHERE org_id = $1 AND run_id = $2 AND state = 'CANCELLED'
+                      AND lease_owner = $4
+                    RETURNING run_id, org_id, step_count
+                )
+                """
+                + _keep_copies(first=13)
+                + _insert_steps_from_run(count=3, arrays=5),
+                org_id,
+                run_id,
+                len(steps),
+                self.owner,
+                *_steps_arrays(steps),
+                *_copies_arrays(steps),
+            )
+
+    async def cancelled_runs(self, run_ids: Sequence[str]) -> list[str]:
+        """Which of the runs this process is working on a person has cancelled."""
+        if not run_ids:
+            return []
+        async with self._connection() as conn:
+            rows = await conn.fetch(
+                "SELECT run_id FROM runs WHERE run_id = ANY($1::text[]) AND state = 'CANCELLED' "
+                "AND lease_owner = $2",
+                list(run_ids),
+                self.owner,
+            )
+        return [row["run_id"] for row in rows]
+
+    async def _lost(self, org_id: str, run_id: str) -> RunTakenOver | RunCancelled:
+        async with self._connection() as conn:
+            return await self._lost_in(conn, org_id, run_id)
+
+    async def _lost_in(
+        self, conn: asyncpg.Connection, org_id: str, run_id: str
+    ) -> RunTakenOver | RunCancelled:
+        """Why a write fenced on this process's lease found no run to write to: a
+        person cancelled it, or another orchestrator took it over."""
+        state = await conn.fetchval(
+            "SELECT state FROM runs WHERE org_id = $1 AND run_id = $2", org_id, run_id
+        )
+        return RunCancelled(run_id) if state == "CANCELLED" else RunTakenOver(run_id)
 
     # ------------------------------------------------------------ erasure (I9)
 
@@ -1236,7 +1404,7 @@ class PostgresRunStore:
             self.owner,
         )
         if held is None:
-            raise RunTakenOver(run_id)
+            raise await self._lost_in(conn, org_id, run_id)
 
     async def _append_step(
         self, conn: asyncpg.Connection, org_id: str, run_id: str, step: StepRecord

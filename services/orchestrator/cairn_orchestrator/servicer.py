@@ -301,8 +301,8 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
     async def CancelRun(
         self, request: pb.CancelRunRequest, context: Context
     ) -> pb.CancelRunResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "CancelRun is not implemented yet")
-        raise AssertionError("abort raises")
+        run = await self._orchestrator.cancel_run(_caller(), request.run_id, reason=request.reason)
+        return pb.CancelRunResponse(run=run_to_proto(run))
 
     async def ListPendingConfirmations(
         self, request: pb.ListPendingConfirmationsRequest, context: Context

@@ -26,6 +26,8 @@ CASES = [
         errors.ConfirmationClosed("the confirmation expired"),
         grpc.StatusCode.FAILED_PRECONDITION,
     ),
+    (errors.RunEnded("run_1", "COMPLETED"), grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.RunCancelled("run_1"), grpc.StatusCode.FAILED_PRECONDITION),
 ]
 
 
