@@ -4,10 +4,17 @@ The orchestrator fences data into the last user message and hands search results
 back as tool messages; this module reads those conventions and decides, with no I/O
 and no randomness, whether to search first or to answer from what it was given:
 
-  - a `search_knowledge` tool is offered and nothing came back from a tool since the
-    last user message: call it with the question;
-  - otherwise answer from the first labelled knowledge item, citing its label, or
-    say plainly that nothing readable was found (and which tool failed, with its code).
+  - the person asks what is known about them ("what do you know about me", "你知道
+    我什么") and `recall_memory` is offered: call it for the person asking;
+  - the person asks to remember something ("remember that …", "请记住…") and
+    `remember` is offered: call it with their words, as their own statement about
+    themselves (the orchestrator then shows the person a card to approve);
+  - otherwise a `search_knowledge` tool is offered and nothing came back from a tool
+    since the last user message: call it with the question;
+  - after a tool result, answer from it: what was kept (or that the person declined),
+    what is held about the person, or the first labelled knowledge item, citing its
+    label; or say plainly that nothing readable was found (and which tool failed,
+    with its code). Memory answers are in Chinese when the question is.
 
 Every answer starts with OFFLINE_PREFIX so nobody mistakes the demo for a real model.
 A fence closes only on an END line carrying its own nonce; text inside that merely
@@ -25,6 +32,35 @@ from .chat_wire import ChatMessage, ChatRequest
 from .reply import OFFLINE_PREFIX, PlannedToolCall, Reply
 
 SEARCH_TOOL = "search_knowledge"
+REMEMBER_TOOL = "remember"
+RECALL_TOOL = "recall_memory"
+DENIED_CODE = "tool.denied"
+MAX_MEMORY_CHARS = 300
+
+# "What do you know about me?" and its kin, in English and Chinese. Asked first: a
+# question about what is remembered is not a request to remember.
+_ASKS_WHAT_IS_KNOWN = (
+    re.compile(
+        r"\bwhat\b.{0,40}\b(?:know|remember|recall|hold|keep|kept|stored?)\b.{0,20}"
+        r"\b(?:about|of)\s+me\b",
+        re.IGNORECASE,
+    ),
+    re.compile(
+        r"\bwhat\s+(?:have|did)\s+(?:you|i)\b.{0,20}\b(?:remember(?:ed)?|told?)\b", re.IGNORECASE
+    ),
+    re.compile(r"(?:关于我|对我|你).{0,8}(?:知道|记得|记住|了解|保存).{0,8}(?:什么|哪些|多少)"),
+    re.compile(r"你.{0,6}(?:记得|记住|知道)(?:了)?(?:我|关于我).{0,8}(?:什么|哪些|吗)"),
+)
+# "Please remember that …", "记住…": the words after it are what to keep.
+_ASKS_TO_REMEMBER = (
+    re.compile(
+        r"(?:^|[.!?]\s+)(?:please\s+|(?:can|could|would|will)\s+you\s+(?:please\s+)?)?"
+        r"(?:remember|keep\s+in\s+mind|don'?t\s+forget)\b[\s,:]+(?:that\s+)?(?P<text>\S.*)",
+        re.IGNORECASE | re.DOTALL,
+    ),
+    re.compile(r"(?:记住|记下|记一下|别忘了)[\s，,：:]*(?P<text>\S.*)", re.DOTALL),
+)
+_HAN = re.compile(r"[\u4e00-\u9fff]")
 
 _FENCE_OPEN = re.compile(
     r"^<<<CAIRN-DATA kind=(?P<kind>[A-Za-z0-9_-]+) nonce=(?P<nonce>[0-9A-Fa-f]+)>>>$"
@@ -188,13 +224,20 @@ def plan_reply(request: ChatRequest) -> Reply:
     since_user = request.messages[last_user + 1 :]
     tool_messages = [message for message in since_user if message.role == "tool"]
 
-    if not tool_messages and _may_search(request):
-        arguments = json.dumps(
-            {"query": fenced.question}, ensure_ascii=False, separators=(",", ":")
-        )
-        return Reply(content=None, tool_calls=(PlannedToolCall(SEARCH_TOOL, arguments),))
+    if not tool_messages:
+        first_call = _first_tool_call(request, fenced.question)
+        if first_call is not None:
+            return Reply(content=None, tool_calls=(first_call,))
 
     names = _tool_names_by_call_id(request.messages)
+    answered = [names.get(message.tool_call_id or "", "") for message in tool_messages]
+    chinese = bool(_HAN.search(fenced.question))
+    if REMEMBER_TOOL in answered:
+        message = tool_messages[answered.index(REMEMBER_TOOL)]
+        return Reply(content=compose_remembered(message.content, chinese=chinese))
+    if RECALL_TOOL in answered:
+        message = tool_messages[answered.index(RECALL_TOOL)]
+        return Reply(content=compose_recalled(message.content, chinese=chinese))
     items: list[KnowledgeItem] = []
     failures: list[ToolFailure] = []
     for message in tool_messages:
@@ -209,10 +252,121 @@ def plan_reply(request: ChatRequest) -> Reply:
     return Reply(content=compose_answer(question=fenced.question, items=items, failures=failures))
 
 
-def _may_search(request: ChatRequest) -> bool:
-    if not request.offers_tool(SEARCH_TOOL) or request.tool_choice == "none":
+def _may_call(request: ChatRequest, tool: str) -> bool:
+    if not request.offers_tool(tool) or request.tool_choice == "none":
         return False
-    return request.forced_tool in (None, SEARCH_TOOL)
+    return request.forced_tool in (None, tool)
+
+
+def _may_search(request: ChatRequest) -> bool:
+    return _may_call(request, SEARCH_TOOL)
+
+
+def asks_what_is_known(question: str) -> bool:
+    return any(pattern.search(question) for pattern in _ASKS_WHAT_IS_KNOWN)
+
+
+def words_to_remember(question: str) -> str | None:
+    """What the person asked to be remembered, on one line and within the remember
+    tool's limit; None when they asked for nothing to be remembered."""
+    for pattern in _ASKS_TO_REMEMBER:
+        found = pattern.search(question)
+        if found is not None:
+            # "Can you remember that I am vegetarian?" keeps a statement, not a question.
+            text = " ".join(found["text"].split()).strip().rstrip("?？").rstrip()
+            if len(text) > MAX_MEMORY_CHARS:
+                text = text[: MAX_MEMORY_CHARS - 1].rstrip() + "…"
+            return text or None
+    return None
+
+
+def _first_tool_call(request: ChatRequest, question: str) -> PlannedToolCall | None:
+    """The call to make before anything came back from a tool, if any."""
+    if asks_what_is_known(question) and _may_call(request, RECALL_TOOL):
+        return PlannedToolCall(RECALL_TOOL, _json({"query": "", "subject": {"kind": "USER"}}))
+    text = words_to_remember(question)
+    if text is not None and _may_call(request, REMEMBER_TOOL):
+        arguments = {"text": text, "subject": {"kind": "USER"}, "claim_type": "USER_STATEMENT"}
+        return PlannedToolCall(REMEMBER_TOOL, _json(arguments))
+    if _may_search(request):
+        return PlannedToolCall(SEARCH_TOOL, _json({"query": question}))
+    return None
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _tool_payload(content: str) -> object:
+    fenced = read_fenced_message(content).blocks
+    if fenced:
+        content = fenced[0].body.partition("\n")[2]
+    try:
+        return json.loads(content)
+    except ValueError:
+        return None
+
+
+def _error_code(payload: object) -> str | None:
+    if not isinstance(payload, dict) or "error" not in payload:
+        return None
+    error = payload["error"]
+    return str(error.get("code", "unknown")) if isinstance(error, dict) else str(error)
+
+
+def compose_remembered(content: str, *, chinese: bool) -> str:
+    """The answer after `remember` came back: kept, declined by the person, or failed."""
+    payload = _tool_payload(content)
+    code = _error_code(payload)
+    if code == DENIED_CODE:
+        said = (
+            "好的，你没有批准，所以我没有保存。"
+            if chinese
+            else "Understood: you declined, so I kept nothing."
+        )
+    elif code is not None:
+        said = (
+            f"没能保存：remember 工具失败，错误代码 {code}。"
+            if chinese
+            else f"I could not keep it: the remember tool failed with error code {code}."
+        )
+    elif isinstance(payload, dict) and payload.get("kept"):
+        text = str(payload.get("text", ""))
+        until = str(payload.get("kept_until", ""))
+        if chinese:
+            said = f"我会记住：“{text}”" + (f"（保存至 {until}）。" if until else "。")
+        else:
+            said = f'I will remember: "{text}"' + (f" (kept until {until})." if until else ".")
+    else:
+        said = "我不确定是否已保存。" if chinese else "I could not tell whether it was kept."
+    return OFFLINE_PREFIX + said
+
+
+def compose_recalled(content: str, *, chinese: bool) -> str:
+    """The answer after `recall_memory` came back: each memory and profile fact held
+    about the person, with where it came from, or that nothing is held."""
+    payload = _tool_payload(content)
+    code = _error_code(payload)
+    if code is not None or not isinstance(payload, dict):
+        return OFFLINE_PREFIX + (
+            f"没能查到：recall_memory 工具失败，错误代码 {code}。"
+            if chinese
+            else f"I could not look: the recall_memory tool failed with error code {code}."
+        )
+    lines: list[str] = []
+    for memory in payload.get("memories") or ():
+        if isinstance(memory, dict) and memory.get("text"):
+            origin = str(memory.get("origin", ""))
+            lines.append(f'"{memory["text"]}"' + (f" ({origin})" if origin else ""))
+    for fact in payload.get("profile") or ():
+        if isinstance(fact, dict) and fact.get("key"):
+            lines.append(f"{fact['key']}: {fact.get('value', '')}")
+    if not lines:
+        return OFFLINE_PREFIX + (
+            "我还没有保存任何关于你的信息。" if chinese else "I hold nothing about you yet."
+        )
+    head = "我保存的关于你的信息：" if chinese else "What I hold about you: "
+    return OFFLINE_PREFIX + head + "; ".join(lines)
 
 
 def compose_answer(
