@@ -30,6 +30,7 @@ SUITES = {
     "memory": "bench.memory_recall:run_memory",
     "run": "bench.run_latency:run_orchestration",
     "rest": "bench.restproxy:run_restproxy",
+    "tools": "bench.tool_sources:run_tool_sources",
 }
 
 
