@@ -4,7 +4,9 @@ Starts (or reuses) the embedded PostgreSQL, the offline demo model, the four
 services and the REST proxy (built from services/restproxy) as separate
 processes, ingests the bundled handbook, asks one question
 as two callers with different rights, prints each answer with its citations and
-trajectory, then keeps the stack up until Ctrl-C. Everything lives under
+trajectory, then keeps the stack up until Ctrl-C. The demo people directory
+(demo/people_directory, a company system reached as a tool source) starts before
+the orchestrator, and the `people` agent is asked one question as each caller too. Everything lives under
 `state/`, so a second `make run` reuses keys, database and vectors.
 """
 
@@ -38,6 +40,7 @@ from cairn_libs.stack import (
     stack_env,
     start_embedded_postgres,
     start_fake_provider,
+    start_process,
     start_restproxy,
     start_service,
     stop_embedded_postgres,
@@ -48,6 +51,9 @@ from cairn_libs.stack import (
 STATE = REPO_ROOT / "state"
 PORTS = {"gateway": 50051, "retrieval": 50052, "memory": 50053, "orchestrator": 50054}
 OFFLINE_MODEL_PORT = 8089
+# The demo people directory: its ToolService (gRPC) and its MCP server (HTTP).
+PEOPLE_DIRECTORY_PORTS = (50061, 50062)
+PEOPLE_QUESTION = "How many open positions do my teams have?"
 REST_PORT = 8080
 REST_URL = f"http://127.0.0.1:{REST_PORT}"
 console = Console(width=max(Console().width, 120))
@@ -93,6 +99,30 @@ def _start_restproxy(env: dict[str, str]) -> ServiceProcess | None:
     return proxy
 
 
+def _start_people_directory(env: dict[str, str]) -> ServiceProcess | None:
+    """The demo people directory, before the orchestrator lists its tools; None
+    when one already serves (a second `make run`)."""
+    grpc_port, mcp_port = PEOPLE_DIRECTORY_PORTS
+    env["CAIRN_PEOPLE_DIRECTORY_GRPC_ADDR"] = f"127.0.0.1:{grpc_port}"
+    env["CAIRN_PEOPLE_DIRECTORY_MCP_URL"] = f"http://127.0.0.1:{mcp_port}/mcp"
+    if health_status(f"127.0.0.1:{grpc_port}") == "SERVING":
+        console.print(f"[yellow]the people directory is already serving on :{grpc_port}[/]")
+        return None
+    proc = start_process(
+        "people-directory",
+        [sys.executable, "-m", "cairn_people_directory"],
+        env={**env, "CAIRN_PORT": str(grpc_port), "CAIRN_MCP_PORT": str(mcp_port)},
+        log_dir=STATE / "logs",
+        address=f"127.0.0.1:{grpc_port}",
+    )
+    wait_for_health(proc, timeout=60)
+    console.print(
+        f"[green]✓[/] {'people-dir':<13} SERVING tools on {proc.address} (gRPC) "
+        f"and {env['CAIRN_PEOPLE_DIRECTORY_MCP_URL']} (MCP)"
+    )
+    return proc
+
+
 def _ingest(corpus: dict[str, Any], issuer: TokenIssuer) -> None:
     ingester = corpus["ingester"]
     token = issuer.caller_token(
@@ -120,12 +150,19 @@ def _ingest(corpus: dict[str, Any], issuer: TokenIssuer) -> None:
     )
 
 
-def _ask(corpus: dict[str, Any], caller: dict[str, Any], issuer: TokenIssuer) -> None:
+def _ask(
+    corpus: dict[str, Any],
+    caller: dict[str, Any],
+    issuer: TokenIssuer,
+    *,
+    agent: str = "handbook",
+    question: str = "",
+) -> None:
     token = issuer.caller_token(org_id=corpus["org"], user_id=caller["user"], roles=caller["roles"])
     with grpc.insecure_channel(f"127.0.0.1:{PORTS['orchestrator']}") as ch:
         stub = orchestrator_pb2_grpc.OrchestratorServiceStub(ch)
         run = stub.StartRun(
-            orchestrator_pb2.StartRunRequest(agent="handbook", input=corpus["question"]),
+            orchestrator_pb2.StartRunRequest(agent=agent, input=question or corpus["question"]),
             metadata=call_metadata(token),
             timeout=120,
         ).run
@@ -187,7 +224,10 @@ def _summarise(kind: str, detail: dict[str, Any], error: str) -> str:
         )
     if kind == "TOOL_CALL":
         labels = ",".join(detail.get("labels", []))
-        return f"args {json.dumps(detail.get('arguments'))} -> {labels or 'result'}" + (
+        source = (
+            f" from {detail['source']} ({detail.get('transport')})" if "source" in detail else ""
+        )
+        return f"args {json.dumps(detail.get('arguments'))} -> {labels or 'result'}{source}" + (
             " (truncated)" if detail.get("truncated") else ""
         )
     return json.dumps(detail)[:120]
@@ -273,7 +313,8 @@ def main() -> int:
             model_url=f"http://127.0.0.1:{OFFLINE_MODEL_PORT}",
             addresses={name: f"127.0.0.1:{port}" for name, port in PORTS.items()},
         )
-        processes = _start_all(env)
+        directory = _start_people_directory(env)
+        processes = ([directory] if directory is not None else []) + _start_all(env)
         proxy = _start_restproxy(env)
         if proxy is not None:
             processes.append(proxy)
@@ -281,6 +322,8 @@ def main() -> int:
         _ingest(corpus, issuer)
         for caller in corpus["callers"]:
             _ask(corpus, caller, issuer)
+        for caller in corpus["callers"]:
+            _ask(corpus, caller, issuer, agent="people", question=PEOPLE_QUESTION)
         _grpcurl_help(corpus, issuer)
         if not args.no_wait:
             signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
