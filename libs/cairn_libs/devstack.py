@@ -6,7 +6,9 @@ processes, ingests the bundled handbook, asks one question
 as two callers with different rights, prints each answer with its citations and
 trajectory, then keeps the stack up until Ctrl-C. The demo people directory
 (demo/people_directory, a company system reached as a tool source) starts before
-the orchestrator, and the `people` agent is asked one question as each caller too. Everything lives under
+the orchestrator, and the `people` agent is asked one question as each caller too.
+Then Tom asks the `assistant` agent to remember a preference: its confirmation
+card is printed, the demo approves it, and a second question recalls it. Everything lives under
 `state/`, so a second `make run` reuses keys, database and vectors.
 """
 
@@ -54,6 +56,10 @@ OFFLINE_MODEL_PORT = 8089
 # The demo people directory: its ToolService (gRPC) and its MCP server (HTTP).
 PEOPLE_DIRECTORY_PORTS = (50061, 50062)
 PEOPLE_QUESTION = "How many open positions do my teams have?"
+# The memory cycle: Tom asks the assistant to keep a preference, approves its card,
+# and a later question recalls it.
+REMEMBER_REQUEST = "Please remember that I prefer meetings in the morning."
+RECALL_QUESTION = "What do you know about me?"
 REST_PORT = 8080
 REST_URL = f"http://127.0.0.1:{REST_PORT}"
 console = Console(width=max(Console().width, 120))
@@ -204,6 +210,55 @@ def _ask(
     console.print(table)
 
 
+def _remember_cycle(corpus: dict[str, Any], issuer: TokenIssuer) -> None:
+    """remember -> card -> approve -> recalled, as Tom with the `assistant` agent:
+    the write waits for his yes, and the next run reads what was kept."""
+    tom = next(c for c in corpus["callers"] if c["user"] == "tom")
+    token = issuer.caller_token(org_id=corpus["org"], user_id=tom["user"], roles=tom["roles"])
+    metadata = call_metadata(token)
+    with grpc.insecure_channel(f"127.0.0.1:{PORTS['orchestrator']}") as ch:
+        stub = orchestrator_pb2_grpc.OrchestratorServiceStub(ch)
+        run = stub.StartRun(
+            orchestrator_pb2.StartRunRequest(agent="assistant", input=REMEMBER_REQUEST),
+            metadata=metadata,
+            timeout=120,
+        ).run
+        if run.state != orchestrator_pb2.RUN_STATE_CONFIRMATION_PENDING:
+            state = orchestrator_pb2.RunState.Name(run.state)
+            console.print(
+                f"[red]the remember run did not ask for a confirmation ({state}): {escape(run.reason)}[/]"
+            )
+            return
+        pending = run.pending_confirmation
+        card = pending.card
+        body = f"[bold]Q:[/] {escape(run.input)}\n[bold]Card:[/] {escape(card.summary)}"
+        for d in card.details:
+            body += f"\n  {escape(d.label)}: {escape(d.value)}"
+        for warning in card.warnings:
+            body += f"\n  [yellow]! {escape(warning)}[/]"
+        console.print(
+            Panel(
+                body,
+                title=f"{tom['title']} · run {run.run_id} · CONFIRMATION_PENDING",
+                expand=False,
+            )
+        )
+        done = stub.ResolveConfirmation(
+            orchestrator_pb2.ResolveConfirmationRequest(
+                confirmation_token=pending.confirmation_token,
+                decision=orchestrator_pb2.DECISION_APPROVE,
+                note="approved by make run's demo",
+            ),
+            metadata=metadata,
+            timeout=120,
+        ).run
+        state = orchestrator_pb2.RunState.Name(done.state).removeprefix("RUN_STATE_")
+        console.print(
+            f"[green]✓[/] {tom['title']} approved it; run {done.run_id} is {state}: {escape(done.answer or done.reason)}"
+        )
+    _ask(corpus, tom, issuer, agent="assistant", question=RECALL_QUESTION)
+
+
 def _summarise(kind: str, detail: dict[str, Any], error: str) -> str:
     """One line per step for the terminal; the full record is in GetTrajectory."""
     if error:
@@ -324,6 +379,7 @@ def main() -> int:
             _ask(corpus, caller, issuer)
         for caller in corpus["callers"]:
             _ask(corpus, caller, issuer, agent="people", question=PEOPLE_QUESTION)
+        _remember_cycle(corpus, issuer)
         _grpcurl_help(corpus, issuer)
         if not args.no_wait:
             signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
