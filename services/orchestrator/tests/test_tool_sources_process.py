@@ -21,6 +21,8 @@ import jwt
 import pytest
 
 from cairn.orchestrator.v1 import orchestrator_pb2 as pb
+from cairn.orchestrator.v1 import orchestrator_pb2_grpc
+from cairn_libs.clients import call_metadata
 from cairn_libs.errors import Unauthenticated
 from cairn_libs.identity import TokenIssuer, TokenVerifier
 from cairn_libs.stack import (
@@ -485,3 +487,45 @@ def test_every_source_is_named_in_the_trajectory_of_a_run_that_used_several(
 
     named = {s.name: detail(s).get("source") for s in steps if kinds([s]) == ["TOOL_CALL"]}
     assert named == {"grpc_whoami": "misbehaving-grpc", "grpc_not_json": "misbehaving-grpc"}
+
+
+def start_run_in(stack: Stack, token: str, agent: str, language: str) -> pb.Run:
+    with grpc.insecure_channel(stack.orchestrator.address) as channel:
+        run: pb.Run = (
+            orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
+            .StartRun(
+                pb.StartRunRequest(agent=agent, input=question(), language=language),
+                metadata=call_metadata(token),
+                timeout=60,
+            )
+            .run
+        )
+    return run
+
+
+def test_an_imported_writes_card_is_in_the_runs_language_or_says_it_fell_back(
+    stack: Stack, tom: str
+) -> None:
+    script(
+        stack.model_url,
+        {
+            "action": "tool_call",
+            "name": "grpc_request_leave",
+            "arguments": {"start_date": "2027-04-01", "days": 2},
+        },
+    )
+    chinese = start_run_in(stack, tom, "directory-grpc", "zh-Hans")
+    script(
+        stack.model_url,
+        {"action": "tool_call", "name": "grpc_hinted_write", "arguments": {"text": "y"}},
+    )
+    english_only = start_run_in(stack, tom, "misbehaving-grpc", "zh-Hans")
+
+    card = chinese.pending_confirmation.card
+    assert (card.summary, card.language, card.language_fallback) == (
+        "从 2027-04-01 起请假 2 天",
+        "zh-Hans",
+        False,
+    )
+    card = english_only.pending_confirmation.card
+    assert (card.summary, card.language, card.language_fallback) == ("Write y", "en", True)
