@@ -337,6 +337,9 @@ def compose_remembered(content: str, *, chinese: bool) -> str:
             said = f"我会记住：“{text}”" + (f"（保存至 {until}）。" if until else "。")
         else:
             said = f'I will remember: "{text}"' + (f" (kept until {until})." if until else ".")
+    elif isinstance(payload, dict) and payload.get("kept") is False:
+        note = str(payload.get("note") or "")
+        said = f"没能保存：{note}。" if chinese else f"I could not keep it: {note}."
     else:
         said = "我不确定是否已保存。" if chinese else "I could not tell whether it was kept."
     return OFFLINE_PREFIX + said

@@ -199,3 +199,11 @@ def test_after_recall_finds_nothing_it_says_so() -> None:
     assert plan("你知道我什么？", *called("recall_memory", {}, empty)).content == (
         OFFLINE_PREFIX + "我还没有保存任何关于你的信息。"
     )
+
+
+def test_where_nothing_can_be_kept_it_says_so_with_the_tools_note() -> None:
+    nothing = {"kept": False, "note": "this deployment keeps no memories; nothing was kept"}
+    reply = plan("Remember that I like tea.", *called("remember", {}, nothing))
+    assert reply.content == (
+        OFFLINE_PREFIX + "I could not keep it: this deployment keeps no memories; nothing was kept."
+    )
