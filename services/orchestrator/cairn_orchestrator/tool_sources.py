@@ -62,6 +62,7 @@ TOOL_AUDIENCE = "cairn-tools"
 SOURCE_NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
 DEFAULT_TOOL_TIMEOUT_SECONDS = 10.0
 DEFAULT_CALLS_PER_RUN = 8
+MAX_LIST_RETRY_SECONDS = 300.0
 # The most error text from a source a model reads; a server's stack trace is not data.
 ERROR_MESSAGE_CHARS = 500
 ERROR_CODE_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
@@ -506,9 +507,13 @@ class ToolSources:
         await asyncio.gather(*(self._list(name) for name in sorted(self._pending)))
 
     async def _keep_listing(self) -> None:
+        # Doubling up to a cap: a source that is not deployed is asked (and logged)
+        # a few times an hour, not every few seconds for ever.
+        wait = self._retry
         while self._pending:
-            await asyncio.sleep(self._retry)
+            await asyncio.sleep(wait)
             await self.list_pending()
+            wait = min(wait * 2, max(self._retry, MAX_LIST_RETRY_SECONDS))
 
     async def _list(self, name: str) -> None:
         source, declared = self._sources[name], self._declared[name]
