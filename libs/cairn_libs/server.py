@@ -54,12 +54,14 @@ from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
 from cairn_libs import door
 from cairn_libs.clients import max_reconnect_backoff_ms
+from cairn_libs.db import CONNECTION_ERRORS
 from cairn_libs.errors import (
     DENIAL_CODE,
     DENIAL_MESSAGE,
     CairnError,
     ConfigurationError,
     Denied,
+    DependencyUnavailable,
     InvalidInput,
     Unauthenticated,
     status_for,
@@ -416,6 +418,14 @@ class _Status(grpc.Status):
         self.trailing_metadata = trailing_metadata
 
 
+# The database connection errors of CONNECTION_ERRORS; not every OSError, which a
+# bug reading a file raises too.
+_DATABASE_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    ConnectionError,
+    *(e for e in CONNECTION_ERRORS if e not in (OSError, TimeoutError)),
+)
+
+
 def error_mapping_interceptor() -> grpc.aio.ServerInterceptor:  # type: ignore[type-arg]
     @asynccontextmanager
     async def around(
@@ -435,6 +445,18 @@ def error_mapping_interceptor() -> grpc.aio.ServerInterceptor:  # type: ignore[t
                     code=status.code.name,
                     reason="Unauthenticated",
                 )
+            await context.abort(status.code, status.details, status.trailing_metadata)
+        except _DATABASE_CONNECTION_ERRORS as exc:
+            # An adapter should have translated this; left untranslated it is still a
+            # dependency that did not answer, which a caller must hear as UNAVAILABLE
+            # (a database restart is not a bug of ours), and the log keeps the trace.
+            log.exception("rpc.dependency_error_untranslated", method=details.method)
+            status = to_rpc_status(
+                DependencyUnavailable(
+                    f"a dependency of this service did not answer ({type(exc).__name__}); "
+                    "retry shortly"
+                )
+            )
             await context.abort(status.code, status.details, status.trailing_metadata)
         except Exception as exc:
             log.exception("rpc.failed", method=details.method)

@@ -128,6 +128,21 @@ def stop_embedded_postgres(data_dir: Path) -> None:
         )
 
 
+def resume_embedded_postgres(data_dir: Path, url: str) -> None:
+    """Start again, with pg_ctl, a server that `stop_embedded_postgres` stopped in this
+    process (pgserver keeps its handle and would not start it twice), on the same
+    socket, so `url` reaches it again. The fault tests restart PostgreSQL so."""
+    import pgserver
+
+    socket_dir = url.rpartition("host=")[2].split("&", 1)[0]
+    pgserver.pg_ctl(
+        ["-w", "-o", '-h ""', "-o", f"-k {socket_dir}", "-l", str(data_dir / "log"), "start"],
+        pgdata=data_dir,
+        user="pgserver" if os.geteuid() == 0 else None,
+        timeout=30,
+    )
+
+
 @dataclass
 class ServiceProcess:
     name: str
