@@ -10,8 +10,11 @@ by an httpx2 `Auth`, set for the call's own task (and the SDK's tasks it spawns)
 and a request without one is never sent.
 
 Listing (at start-up) negotiates the protocol version once; calls then pin it
-(with the server's discover result on a 2026 server), so a call is one round trip
-on a modern server instead of a discovery and a call.
+(with the server's discover result on a 2026 server), and each call's session is
+handed the listing made at start-up, as a long-lived session would hold it (the
+SDK validates a result against the tool's output schema and would otherwise list
+the tools again on every call). A call is then one round trip on a modern server,
+where it was a discovery, a listing and a call.
 
 A result is the tool's structured content when it has one, else its text,
 parsed as JSON where it is JSON and kept as text where it is not (an MCP tool's
@@ -129,6 +132,7 @@ class McpToolSource:
         self._http: httpx2.AsyncClient | None = None
         self._version = "auto"
         self._discover: types.DiscoverResult | None = None
+        self._listing: types.ListToolsResult | None = None
 
     def _pool(self) -> httpx2.AsyncClient:
         if self._http is None:
@@ -154,6 +158,7 @@ class McpToolSource:
         try:
             async with asyncio.timeout(deadline_seconds), self._client("auto") as client:
                 listed = await client.list_tools()
+                self._listing = listed.model_copy(deep=True)
                 version = client.protocol_version
                 discover = client.session.discover_result
         except TimeoutError:
@@ -207,6 +212,7 @@ class McpToolSource:
         meta = cast(types.RequestParamsMeta, fields)
         try:
             async with asyncio.timeout(deadline_seconds), self._client(self._version) as client:
+                self._known_tools(client)
                 result = await client.call_tool(tool, arguments, meta=meta)
         except TimeoutError:
             return ErrorValue(
@@ -216,6 +222,13 @@ class McpToolSource:
         except Exception as exc:
             return _failure_error(self.name, tool, exc)
         return result_of(result)
+
+    def _known_tools(self, client: Client) -> None:
+        """Seed a fresh session with the start-up listing (see the module docstring);
+        an SDK without this hook lists the tools itself, which is correct, only slower."""
+        absorb = getattr(client.session, "_absorb_tool_listing", None)
+        if self._listing is not None and absorb is not None:
+            absorb(self._listing.model_copy(deep=True), complete=True)
 
     async def close(self) -> None:
         if self._http is not None:
