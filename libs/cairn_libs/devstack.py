@@ -1,8 +1,8 @@
 """`make run`: the whole system on its embedded defaults, shown working.
 
 Starts (or reuses) the embedded PostgreSQL, the offline demo model, the four
-services and the REST proxy (built from services/restproxy) as separate
-processes, ingests the bundled handbook, asks one question
+services (CAIRN_REPLICAS of each, default 1) and the REST proxy (built from
+services/restproxy) as separate processes, ingests the bundled handbook, asks one question
 as two callers with different rights, prints each answer with its citations and
 trajectory, then keeps the stack up until Ctrl-C. The demo people directory
 (demo/people_directory, a company system reached as a tool source) starts before
@@ -21,7 +21,6 @@ import sys
 import time
 from typing import Any
 
-import grpc
 import httpx
 from google.protobuf import json_format
 from rich.console import Console
@@ -31,7 +30,7 @@ from rich.table import Table
 
 from cairn.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from cairn.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
-from cairn_libs.clients import call_metadata
+from cairn_libs.clients import call_metadata, sync_channel
 from cairn_libs.demo_corpus import handbook_documents, load_handbook
 from cairn_libs.identity import TokenIssuer, generate_dev_keypair
 from cairn_libs.stack import (
@@ -39,12 +38,14 @@ from cairn_libs.stack import (
     ServiceProcess,
     build_restproxy,
     health_status,
+    replica_target,
+    replicas_setting,
     stack_env,
     start_embedded_postgres,
     start_fake_provider,
     start_process,
+    start_replicas,
     start_restproxy,
-    start_service,
     stop_embedded_postgres,
     wait_for_health,
     wait_for_http,
@@ -52,6 +53,12 @@ from cairn_libs.stack import (
 
 STATE = REPO_ROOT / "state"
 PORTS = {"gateway": 50051, "retrieval": 50052, "memory": 50053, "orchestrator": 50054}
+# With CAIRN_REPLICAS=N, replica i of a service listens on its port + 100 * i.
+REPLICAS = replicas_setting()
+REPLICA_PORTS = {name: [port + 100 * i for i in range(REPLICAS)] for name, port in PORTS.items()}
+TARGETS = {
+    name: replica_target([f"127.0.0.1:{p}" for p in ports]) for name, ports in REPLICA_PORTS.items()
+}
 OFFLINE_MODEL_PORT = 8089
 # The demo people directory: its ToolService (gRPC) and its MCP server (HTTP).
 PEOPLE_DIRECTORY_PORTS = (50061, 50062)
@@ -71,12 +78,11 @@ def _start_all(env: dict[str, str]) -> list[ServiceProcess]:
     model = start_fake_provider(port=OFFLINE_MODEL_PORT, log_dir=logs)
     wait_for_http(model)
     started.append(model)
-    for name, port in PORTS.items():
-        if health_status(f"127.0.0.1:{port}") == "SERVING":
-            console.print(f"[yellow]{name} is already serving on :{port}; reusing it[/]")
+    for name, ports in REPLICA_PORTS.items():
+        if health_status(f"127.0.0.1:{ports[0]}") == "SERVING":
+            console.print(f"[yellow]{name} is already serving on :{ports[0]}; reusing it[/]")
             continue
-        proc = start_service(name, port=port, env=env, log_dir=logs)
-        started.append(proc)
+        started.extend(start_replicas(name, ports=ports, env=env, log_dir=logs))
     for proc in started[1:]:
         wait_for_health(proc, timeout=90)
         console.print(f"[green]✓[/] {proc.name:<13} SERVING on {proc.address}")
@@ -95,6 +101,8 @@ def _start_restproxy(env: dict[str, str]) -> ServiceProcess | None:
     except httpx.HTTPError:
         pass
     build_restproxy()
+    # The proxy dials host:port or dns:/// targets; with replicas it reaches the first
+    # of each (loopback has no name that resolves to every replica's port).
     addresses = {name: f"127.0.0.1:{port}" for name, port in PORTS.items()}
     proxy = start_restproxy(port=REST_PORT, addresses=addresses, env=env, log_dir=STATE / "logs")
     wait_for_http(proxy)
@@ -135,7 +143,7 @@ def _ingest(corpus: dict[str, Any], issuer: TokenIssuer) -> None:
         org_id=corpus["org"], user_id=ingester["user"], roles=ingester["roles"]
     )
     documents = handbook_documents(corpus)
-    with grpc.insecure_channel(f"127.0.0.1:{PORTS['retrieval']}") as ch:
+    with sync_channel(TARGETS["retrieval"]) as ch:
         stub = retrieval_pb2_grpc.RetrievalServiceStub(ch)
         outcomes = []
         for progress in stub.IngestDocuments(
@@ -165,7 +173,7 @@ def _ask(
     question: str = "",
 ) -> None:
     token = issuer.caller_token(org_id=corpus["org"], user_id=caller["user"], roles=caller["roles"])
-    with grpc.insecure_channel(f"127.0.0.1:{PORTS['orchestrator']}") as ch:
+    with sync_channel(TARGETS["orchestrator"]) as ch:
         stub = orchestrator_pb2_grpc.OrchestratorServiceStub(ch)
         run = stub.StartRun(
             orchestrator_pb2.StartRunRequest(agent=agent, input=question or corpus["question"]),
@@ -216,7 +224,7 @@ def _remember_cycle(corpus: dict[str, Any], issuer: TokenIssuer) -> None:
     tom = next(c for c in corpus["callers"] if c["user"] == "tom")
     token = issuer.caller_token(org_id=corpus["org"], user_id=tom["user"], roles=tom["roles"])
     metadata = call_metadata(token)
-    with grpc.insecure_channel(f"127.0.0.1:{PORTS['orchestrator']}") as ch:
+    with sync_channel(TARGETS["orchestrator"]) as ch:
         stub = orchestrator_pb2_grpc.OrchestratorServiceStub(ch)
         run = stub.StartRun(
             orchestrator_pb2.StartRunRequest(agent="assistant", input=REMEMBER_REQUEST),
@@ -366,7 +374,7 @@ def main() -> int:
             keys=(private_key, public_key),
             qdrant_path=STATE / "qdrant",
             model_url=f"http://127.0.0.1:{OFFLINE_MODEL_PORT}",
-            addresses={name: f"127.0.0.1:{port}" for name, port in PORTS.items()},
+            addresses=TARGETS,
         )
         directory = _start_people_directory(env)
         processes = ([directory] if directory is not None else []) + _start_all(env)
