@@ -3,7 +3,7 @@
 // STEP_FINISHED), the answer as it streams, and the last refusal. Fetching and
 // streaming go through client.ts; this only decides what the screen shows.
 import { signal } from "@preact/signals";
-import type { ConversationTurn, Run, Step, StreamEvent } from "./api/types";
+import type { Citation, ConversationTurn, Run, Step, StreamEvent } from "./api/types";
 import { ApiError, api, streamRun } from "./client";
 import { language } from "./i18n";
 
@@ -24,6 +24,8 @@ export interface Conversation {
 }
 
 export const live = signal<LiveRun | null>(null);
+/** The citation whose document is open (from the answer or a retrieval step). */
+export const openedCitation = signal<Citation | null>(null);
 export const conversation = signal<Conversation>(freshConversation());
 
 export function freshConversation(): Conversation {
@@ -41,14 +43,21 @@ function stepKey(step: Step): string {
   return step.spanId || `${step.kind}:${step.seq}`;
 }
 
+/** Recorded steps in their order (seq); steps still running after them, by start. */
+function inOrder(a: Step, b: Step): number {
+  const seqA = a.seq || Number.MAX_SAFE_INTEGER;
+  const seqB = b.seq || Number.MAX_SAFE_INTEGER;
+  return seqA !== seqB ? seqA - seqB : (a.startedAt ?? "").localeCompare(b.startedAt ?? "");
+}
+
 export function mergeStep(steps: Step[], step: Step): Step[] {
   const key = stepKey(step);
   const at = steps.findIndex((s) => stepKey(s) === key);
-  if (at < 0) return [...steps, step];
   const merged = steps.slice();
+  if (at < 0) merged.push(step);
   // a finished step never goes back to started when an announcement arrives late
-  if (!(merged[at]?.finishedAt && !step.finishedAt)) merged[at] = step;
-  return merged;
+  else if (!(merged[at]?.finishedAt && !step.finishedAt)) merged[at] = step;
+  return merged.sort(inOrder);
 }
 
 function onEvent(runId: string, event: StreamEvent): void {
@@ -130,6 +139,7 @@ function settle(runId: string, run: Run): void {
 
 export async function ask(agent: string, input: string): Promise<void> {
   const conv = conversation.value;
+  openedCitation.value = null;
   live.value = { runId: "", run: null, steps: [], answer: "", error: null, following: false, busy: true };
   let settled = false;
   const started = api.startRun({
@@ -169,19 +179,31 @@ export async function ask(agent: string, input: string): Promise<void> {
   }
 }
 
-/** Approve or deny; the run carries on live in the timeline meanwhile. */
+/**
+ * Approve or deny. The run's events are followed from the moment the decision
+ * is sent, so what the approval sets going is drawn live; a refusal is returned
+ * for the card to show, in the service's words.
+ */
 export async function resolve(runId: string, confirmationToken: string, decision: "DECISION_APPROVE" | "DECISION_DENY"): Promise<ApiError | null> {
-  if (live.value?.runId !== runId) await open(runId);
-  update(() => ({ busy: true, error: null }));
+  if (live.value?.runId !== runId) {
+    openedCitation.value = null;
+    live.value = { runId, run: null, steps: [], answer: "", error: null, following: false, busy: true };
+  } else {
+    // the card is answered: the run goes on (or the refusal below brings it back)
+    update((c) => ({ run: c.run ? { ...c.run, state: "RUN_STATE_RUNNING", pendingConfirmation: undefined } : null, error: null }));
+  }
   follow(runId);
   try {
     const { run } = await api.resolve(confirmationToken, { decision, note: "" });
     if (run) settle(runId, run);
-    follow(runId);
     return null;
   } catch (exc) {
     const error = asApiError(exc);
-    update(() => ({ error, busy: false }));
+    update(() => ({ busy: false }));
+    api
+      .getRun(runId)
+      .then(({ run }) => run && update(() => ({ run })))
+      .catch(() => undefined);
     return error;
   }
 }
@@ -198,10 +220,11 @@ export async function cancel(runId: string, reason: string): Promise<void> {
 /** Reopen a run (from past runs or the waiting list) with its whole trajectory. */
 export async function open(runId: string): Promise<void> {
   following?.abort();
+  openedCitation.value = null;
   live.value = { runId, run: null, steps: [], answer: "", error: null, following: false, busy: false };
   try {
     const [{ run }, trajectory] = await Promise.all([api.getRun(runId), api.trajectory(runId)]);
-    update(() => ({ run: run ?? null, steps: trajectory.steps ?? [] }));
+    update(() => ({ run: run ?? null, steps: (trajectory.steps ?? []).reduce(mergeStep, []) }));
     if (run?.state === "RUN_STATE_RUNNING") follow(runId);
   } catch (exc) {
     update(() => ({ error: asApiError(exc) }));

@@ -21,7 +21,14 @@ const VIEWS: { view: View; path: string; key: MessageKey }[] = [
   { view: "me", path: "/me", key: "nav.me" },
 ];
 
+/** /runs/{run_id} reopens one run: a link to it carries no token, only the id. */
+function linkedRun(pathname: string): string | null {
+  const m = /^\/runs\/([^/]+)$/.exec(pathname);
+  return m?.[1] ? decodeURIComponent(m[1]) : null;
+}
+
 function viewOf(pathname: string): View {
+  if (linkedRun(pathname)) return "ask";
   return VIEWS.find((v) => v.path === pathname)?.view ?? "ask";
 }
 
@@ -64,11 +71,19 @@ export function App({ config, failure }: { config: PanelConfig; failure: string 
   useEffect(() => {
     document.title = `cairn · ${t(VIEWS.find((v) => v.view === current)?.key ?? "nav.ask")}`;
   }, [current, language.value]);
-  const openRun = (runId: string) => {
-    go("ask");
-    void open(runId);
+  const showRun = (runId: string) => {
+    view.value = "ask";
+    history.pushState(null, "", `/runs/${encodeURIComponent(runId)}`);
     mainRef.current?.focus();
   };
+  const openRun = (runId: string) => {
+    showRun(runId);
+    void open(runId);
+  };
+  useEffect(() => {
+    const runId = linkedRun(location.pathname);
+    if (me && runId) void open(runId);
+  }, [me?.userId]);
   return (
     <>
       <a class="skip" href="#main">
@@ -130,7 +145,7 @@ export function App({ config, failure }: { config: PanelConfig; failure: string 
         ) : (
           <main id="main" ref={mainRef} tabIndex={-1}>
             {current === "ask" && <Ask config={config} />}
-            {current === "waiting" && <Waiting onOpenRun={openRun} />}
+            {current === "waiting" && <Waiting onOpenRun={openRun} onResolved={showRun} />}
             {current === "runs" && <PastRuns onOpenRun={openRun} />}
             {current === "me" && <Held />}
           </main>

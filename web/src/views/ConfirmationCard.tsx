@@ -7,7 +7,15 @@ import { formatDate, language, t } from "../i18n";
 import { resolve } from "../live";
 import { ErrorNotice } from "./Notice";
 
-export function ConfirmationCard({ pending, headingLevel = 3 }: { pending: PendingConfirmation; headingLevel?: 2 | 3 }) {
+export function ConfirmationCard({
+  pending,
+  headingLevel = 3,
+  onResolved,
+}: {
+  pending: PendingConfirmation;
+  headingLevel?: 2 | 3;
+  onResolved?: (runId: string) => void;
+}) {
   const [error, setError] = useState<ApiError | null>(null);
   const [busy, setBusy] = useState(false);
   const card = pending.card ?? {};
@@ -16,8 +24,10 @@ export function ConfirmationCard({ pending, headingLevel = 3 }: { pending: Pendi
   const decide = async (decision: "DECISION_APPROVE" | "DECISION_DENY") => {
     if (!pending.runId || !pending.confirmationToken) return;
     setBusy(true);
-    setError(await resolve(pending.runId, pending.confirmationToken, decision));
+    const refused = await resolve(pending.runId, pending.confirmationToken, decision);
+    setError(refused);
     setBusy(false);
+    if (!refused) onResolved?.(pending.runId);
   };
   return (
     <article class="card" aria-labelledby={id} data-testid="confirmation-card" lang={card.language || undefined}>

@@ -1,12 +1,11 @@
 // One run, live or reopened: its state, answer with citations (each opens its
 // document), what was degraded, the confirmation it waits for, Cancel, totals,
 // the trace link, and the timeline.
-import { useState } from "preact/hooks";
-import type { Citation, RunState } from "../api/types";
+import type { RunState } from "../api/types";
 import type { PanelConfig } from "../auth";
 import { degradations, durationMs } from "../detail";
 import { formatDuration, formatNumber, t } from "../i18n";
-import { cancel, type LiveRun } from "../live";
+import { cancel, openedCitation, type LiveRun } from "../live";
 import type { MessageKey } from "../messages/en";
 import { ConfirmationCard } from "./ConfirmationCard";
 import { DocumentPane } from "./DocumentPane";
@@ -28,7 +27,7 @@ function traceLink(template: string, traceId: string): string {
 }
 
 export function RunView({ session, config }: { session: LiveRun; config: PanelConfig }) {
-  const [opened, setOpened] = useState<Citation | null>(null);
+  const opened = openedCitation.value;
   const run = session.run;
   const state: RunState = run?.state ?? "RUN_STATE_RUNNING";
   const answer = run?.answer || session.answer;
@@ -62,7 +61,7 @@ export function RunView({ session, config }: { session: LiveRun; config: PanelCo
           <ul class="plain" data-testid="citations">
             {(run?.citations ?? []).map((c) => (
               <li key={c.chunkId}>
-                <button type="button" class="link" onClick={() => setOpened(c)} aria-haspopup="dialog">
+                <button type="button" class="link" onClick={() => (openedCitation.value = c)} aria-haspopup="dialog">
                   [{c.label}] {c.title}
                 </button>{" "}
                 <span class="meta">{c.source}</span>
@@ -113,7 +112,7 @@ export function RunView({ session, config }: { session: LiveRun; config: PanelCo
       </p>
       <h3>{t("run.timeline")}</h3>
       {session.steps.length === 0 ? <p class="meta">{t("run.noSteps")}</p> : <Timeline steps={session.steps} />}
-      {opened && <DocumentPane citation={opened} onClose={() => setOpened(null)} />}
+      {opened && <DocumentPane citation={opened} onClose={() => (openedCitation.value = null)} />}
     </section>
   );
 }

@@ -4,6 +4,7 @@
 import type { Step } from "../api/types";
 import { bool, detailOf, durationMs, list, num, obj, str, words, type Detail } from "../detail";
 import { formatDuration, formatNumber, t } from "../i18n";
+import { openedCitation } from "../live";
 import type { MessageKey } from "../messages/en";
 
 const KIND_KEYS: Record<string, MessageKey> = {
@@ -54,7 +55,7 @@ function ToolCall({ d }: { d: Detail }) {
     <>
       <details>
         <summary>{t("step.arguments")}</summary>
-        <pre>{json(d["arguments"])}</pre>
+        <pre tabIndex={0}>{json(d["arguments"])}</pre>
       </details>
       {result !== undefined && (
         <details>
@@ -62,7 +63,7 @@ function ToolCall({ d }: { d: Detail }) {
             {t("step.result", { bytes: num(d, "result_bytes") })}
             {bool(d, "truncated") && <span class="badge warning"> {t("step.truncated")}</span>}
           </summary>
-          <pre>{json(result)}</pre>
+          <pre tabIndex={0}>{json(result)}</pre>
         </details>
       )}
       {words(d, "labels").length > 0 && <p>{t("step.cites", { labels: words(d, "labels").join(", ") })}</p>}
@@ -80,7 +81,25 @@ function Retrieval({ d }: { d: Detail }) {
       <ul class="plain">
         {list(d, "results").map((r, i) => (
           <li key={i}>
-            [{str(r, "label")}] {str(r, "title")} <span class="meta">({str(r, "document_id")})</span>
+            <button
+              type="button"
+              class="link"
+              aria-haspopup="dialog"
+              onClick={() =>
+                (openedCitation.value = {
+                  label: str(r, "label"),
+                  documentId: str(r, "document_id"),
+                  chunkId: str(r, "chunk_id"),
+                  source: str(r, "source"),
+                  title: str(r, "title"),
+                  charStart: num(r, "char_start"),
+                  charEnd: num(r, "char_end"),
+                })
+              }
+            >
+              [{str(r, "label")}] {str(r, "title")}
+            </button>{" "}
+            <span class="meta">({str(r, "document_id")})</span>
           </li>
         ))}
       </ul>
@@ -112,7 +131,7 @@ function StepBody({ step }: { step: Step }) {
       return Object.keys(d).length > 0 ? (
         <details>
           <summary>{t("step.record")}</summary>
-          <pre>{json(d)}</pre>
+          <pre tabIndex={0}>{json(d)}</pre>
         </details>
       ) : null;
   }

@@ -3,14 +3,13 @@ import { useEffect, useState } from "preact/hooks";
 import type { PendingConfirmation } from "../api/types";
 import { ApiError, api } from "../client";
 import { t } from "../i18n";
-import { asApiError, live } from "../live";
+import { asApiError } from "../live";
 import { ConfirmationCard } from "./ConfirmationCard";
 import { ErrorNotice } from "./Notice";
 
-export function Waiting({ onOpenRun }: { onOpenRun: (runId: string) => void }) {
+export function Waiting({ onOpenRun, onResolved }: { onOpenRun: (runId: string) => void; onResolved: (runId: string) => void }) {
   const [pending, setPending] = useState<PendingConfirmation[] | null>(null);
   const [error, setError] = useState<ApiError | null>(null);
-  const state = live.value?.run?.state;
   const reload = () =>
     api
       .pending()
@@ -18,7 +17,7 @@ export function Waiting({ onOpenRun }: { onOpenRun: (runId: string) => void }) {
       .catch((exc: unknown) => setError(asApiError(exc)));
   useEffect(() => {
     void reload();
-  }, [state]);
+  }, []);
   return (
     <section aria-labelledby="waiting-title">
       <h1 id="waiting-title">{t("waiting.title")}</h1>
@@ -28,7 +27,7 @@ export function Waiting({ onOpenRun }: { onOpenRun: (runId: string) => void }) {
       <ul class="plain" data-testid="waiting">
         {(pending ?? []).map((p) => (
           <li key={p.confirmationToken}>
-            <ConfirmationCard pending={p} headingLevel={2} />
+            <ConfirmationCard pending={p} headingLevel={2} onResolved={onResolved} />
             <button type="button" class="link" onClick={() => p.runId && onOpenRun(p.runId)}>
               {t("waiting.openRun")}
             </button>
