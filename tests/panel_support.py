@@ -58,10 +58,12 @@ def built_panel() -> Path:
 def write_dev_identities(path: Path, issuer: TokenIssuer, *, org: str) -> Path:
     people = [
         {
-            **person,
-            "token": issuer.caller_token(org_id=org, user_id=person["id"], roles=person["roles"]),
+            "id": user,
+            "title": title,
+            "roles": list(roles),
+            "token": issuer.caller_token(org_id=org, user_id=user, roles=roles, ttl_seconds=86400),
         }
-        for person in DEMO_PEOPLE
+        for user, title, roles in DEMO_PEOPLE
     ]
     path.write_text(json.dumps(people))
     path.chmod(0o600)
