@@ -89,9 +89,58 @@ def _start_all(env: dict[str, str]) -> list[ServiceProcess]:
     return started
 
 
-def _start_restproxy(env: dict[str, str]) -> ServiceProcess | None:
-    """The REST proxy on :8080 in front of the services; None when one already
-    answers there (a second `make run`)."""
+PANEL_DIST = REPO_ROOT / "web" / "dist"
+
+
+def _panel_env(issuer: TokenIssuer) -> dict[str, str]:
+    """The proxy serves the built panel (`make run` builds it with `make web`) and
+    offers the demo people as one-click sign-ins: development only, from a file of
+    tokens minted here (the proxy mints nothing)."""
+    if not (PANEL_DIST / "index.html").exists():
+        console.print(
+            "[yellow]web/dist is not built (`make web`); the REST proxy serves no panel[/]"
+        )
+        return {}
+    corpus = load_handbook()
+    people = [
+        {
+            "id": caller["user"],
+            "title": caller["title"],
+            "roles": caller["roles"],
+            "token": issuer.caller_token(
+                org_id=corpus["org"],
+                user_id=caller["user"],
+                roles=caller["roles"],
+                ttl_seconds=86400,
+            ),
+        }
+        for caller in corpus["callers"]
+    ]
+    identities = STATE / "dev-identities.json"
+    identities.write_text(json.dumps(people))
+    identities.chmod(0o600)
+    return {"CAIRN_PANEL_DIR": str(PANEL_DIST), "CAIRN_PANEL_DEV_IDENTITIES_FILE": str(identities)}
+
+
+def _panel_help(corpus: dict[str, Any]) -> None:
+    if not (PANEL_DIST / "index.html").exists():
+        return
+    people = " or ".join(c["title"] for c in corpus["callers"])
+    console.print(
+        Panel(
+            f"Open {REST_URL}/ in a browser and sign in as {people} with one click\n"
+            "(those demo identities are development only: the proxy offers them because\n"
+            "CAIRN_PANEL_DEV_IDENTITIES_FILE points at state/dev-identities.json).\n"
+            "Ask the assistant to remember something to see a confirmation card.",
+            title="the web panel",
+            expand=False,
+        )
+    )
+
+
+def _start_restproxy(env: dict[str, str], issuer: TokenIssuer) -> ServiceProcess | None:
+    """The REST proxy on :8080 in front of the services, serving the web panel;
+    None when one already answers there (a second `make run`)."""
     try:
         if httpx.get(f"{REST_URL}/healthz", timeout=1).status_code == 200:
             console.print(
@@ -104,7 +153,12 @@ def _start_restproxy(env: dict[str, str]) -> ServiceProcess | None:
     # The proxy dials host:port or dns:/// targets; with replicas it reaches the first
     # of each (loopback has no name that resolves to every replica's port).
     addresses = {name: f"127.0.0.1:{port}" for name, port in PORTS.items()}
-    proxy = start_restproxy(port=REST_PORT, addresses=addresses, env=env, log_dir=STATE / "logs")
+    proxy = start_restproxy(
+        port=REST_PORT,
+        addresses=addresses,
+        env={**env, **_panel_env(issuer)},
+        log_dir=STATE / "logs",
+    )
     wait_for_http(proxy)
     ready = httpx.get(f"{REST_URL}/readyz", timeout=10).json()
     console.print(
@@ -378,7 +432,7 @@ def main() -> int:
         )
         directory = _start_people_directory(env)
         processes = ([directory] if directory is not None else []) + _start_all(env)
-        proxy = _start_restproxy(env)
+        proxy = _start_restproxy(env, issuer)
         if proxy is not None:
             processes.append(proxy)
         corpus = load_handbook()
@@ -389,6 +443,7 @@ def main() -> int:
             _ask(corpus, caller, issuer, agent="people", question=PEOPLE_QUESTION)
         _remember_cycle(corpus, issuer)
         _grpcurl_help(corpus, issuer)
+        _panel_help(corpus)
         if not args.no_wait:
             signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
             while all(p.process.poll() is None for p in processes):
