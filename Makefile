@@ -78,7 +78,7 @@ lint-protos: $(STAMP) ## buf lint (STANDARD rules) over protos/
 	$(PROTOC) --include_imports --include_source_info --descriptor_set_out=build/protos.binpb $(PROTO_FILES)
 	$(BUF) lint build/protos.binpb --config protos/buf.yaml --path cairn
 
-run: $(STAMP) ## bring the whole system up on embedded defaults and show it working
+run: $(STAMP) web ## bring the whole system up on embedded defaults and show it working
 	$(PY) -m cairn_libs.devstack
 
 test: $(STAMP) lint-protos gen-check restproxy web-check chromium ## install what is needed and run every test
