@@ -122,7 +122,7 @@ async function discoverRunId(conversationId: string, known: string[], settled: (
     } catch {
       return null; // StartRun's own answer will say what is wrong
     }
-    await delay(20);
+    await delay(5);
   }
   return null;
 }
