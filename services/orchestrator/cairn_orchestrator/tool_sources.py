@@ -31,7 +31,7 @@ import json
 import os
 import re
 import string
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -559,9 +559,3 @@ class ToolSources:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._retrying
         await asyncio.gather(*(s.close() for s in self._sources.values()))
-
-
-async def within(deadline_seconds: float, call: Awaitable[Any]) -> Any:
-    """`call`, cut at the deadline (TimeoutError)."""
-    async with asyncio.timeout(deadline_seconds):
-        return await call
