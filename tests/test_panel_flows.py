@@ -274,6 +274,34 @@ def test_steps_appear_one_by_one_while_the_run_is_still_running(
     assert link.get_attribute("href") == f"https://traces.example.com/trace/{after.trace_id}"
 
 
+def test_cancel_stops_a_held_run_and_past_runs_list_it_under_cancelled(
+    panel: PanelPage, stack: Stack
+) -> None:
+    _script(stack, {"action": "hang", "seconds": 30})
+    panel.sign_in_as("Maria (manager)")
+    question = f"What is the travel policy? ({uuid.uuid4().hex[:6]})"
+    panel.ask(question)
+    panel.page.get_by_test_id("timeline").locator("[data-step='STEP_KIND_RETRIEVAL']").wait_for()
+    panel.page.get_by_role("button", name="Cancel the run").click()
+    assert panel.wait_for_state("RUN_STATE_CANCELLED", timeout_ms=20_000) == "RUN_STATE_CANCELLED"
+    assert "Cancelled by maria" in panel.visible_text()
+    run_id = str(panel.page.get_by_test_id("run").get_attribute("data-run-id"))
+    cancelled = _grpc_run(stack, stack.token("maria", ["manager"]), run_id)
+    assert (
+        cancelled.state == orchestrator_pb2.RUN_STATE_CANCELLED
+        and cancelled.cancelled_by == "maria"
+    )
+
+    panel.page.get_by_role("link", name="Past runs").click()
+    panel.page.locator("#state-filter").select_option("RUN_STATE_CANCELLED")
+    listed = panel.page.get_by_test_id("past-runs").get_by_role("button", name=question)
+    listed.wait_for()
+    assert "Completed" not in panel.page.get_by_test_id("past-runs").locator("tbody").inner_text()
+    listed.click()
+    assert panel.wait_for_state("RUN_STATE_CANCELLED") == "RUN_STATE_CANCELLED"
+    assert panel.page.url.endswith(f"/runs/{run_id}")
+
+
 def test_switching_to_simplified_chinese_changes_every_label_and_the_card(
     panel: PanelPage, stack: Stack
 ) -> None:
