@@ -30,6 +30,7 @@ SUITES = {
     "memory": "bench.memory_recall:run_memory",
     "run": "bench.run_latency:run_orchestration",
     "rest": "bench.restproxy:run_restproxy",
+    "replicas": "bench.replicas:run_replicas",
     "tools": "bench.tool_sources:run_tool_sources",
 }
 
@@ -50,7 +51,27 @@ def _previous_figures() -> list[dict[str, Any]]:
     return [f for f in figures if isinstance(f, dict)]
 
 
+def _soak(argv: list[str]) -> int:
+    """`python -m bench soak --minutes N`: bench/replicas.py's bounded soak; it prints
+    as it goes and ends with its figures (not written to results.json)."""
+    parser = argparse.ArgumentParser(prog="python -m bench soak", description=_soak.__doc__)
+    parser.add_argument("--minutes", type=float, default=5.0, help="length of the soak")
+    parser.add_argument("--lanes", type=int, default=16, help="concurrent callers")
+    args = parser.parse_args(argv)
+    from bench.replicas import soak
+
+    table = Table(title=f"cairn soak, {args.minutes:g} min")
+    for column in ("name", "value", "unit", "parameters"):
+        table.add_column(column)
+    for f in asyncio.run(soak(args.minutes, lanes=args.lanes)):
+        table.add_row(f.name, f"{f.value:,.3f}", f.unit, json.dumps(f.parameters, sort_keys=True))
+    Console(width=max(Console().width, 140)).print(table)
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["soak"]:
+        return _soak(sys.argv[2:])
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--only", choices=sorted(SUITES), action="append")
     parser.add_argument("--quick", action="store_true", help="fewer iterations (smoke run)")
