@@ -19,9 +19,10 @@ import structlog
 
 from cairn.retrieval.v1 import retrieval_pb2_grpc
 from cairn_libs.db import Database, database_url, load_migrations
-from cairn_libs.embedding import LOCAL_DIMENSIONS, Embedder
+from cairn_libs.embedding import LOCAL_DIMENSIONS, LOCAL_MODEL_ID, Embedder
 from cairn_libs.settings import positive_whole_number
 from cairn_libs.stack import REPO_ROOT
+from cairn_retrieval.chunking import ChunkBudget, EmbedderTokens, EstimatedTokens
 from cairn_retrieval.edge_store import EdgeVectorStore
 from cairn_retrieval.embedders import EmbeddingSpace, GatewayEmbedder, retrieval_embedder_from_env
 from cairn_retrieval.errors import ConfigInvalid
@@ -29,6 +30,12 @@ from cairn_retrieval.ingest import Ingestor
 from cairn_retrieval.postgres import ChunkStore
 from cairn_retrieval.search import Searcher
 from cairn_retrieval.servicer import INGEST_METHOD, SERVICE_NAME, RetrievalServicer
+from cairn_retrieval.tokens import (
+    DEFAULT_LANGUAGE,
+    LANGUAGES,
+    SourceAnalyzers,
+    parse_source_languages,
+)
 from cairn_retrieval.vectors import QdrantVectorStore, VectorStore
 
 log = structlog.get_logger(__name__)
@@ -45,16 +52,38 @@ class RetrievalApp:
     per_item_fields = {INGEST_METHOD: ("documents",)}
 
     def __init__(
-        self, *, database: Database, vectors: VectorStore, embedder: Embedder | None
+        self,
+        *,
+        database: Database,
+        vectors: VectorStore,
+        embedder: Embedder | None,
+        analyzers: SourceAnalyzers | None = None,
+        budget: ChunkBudget | None = None,
     ) -> None:
         self._database = database
         self._vectors = vectors
         self._embedder = embedder
+        self._analyzers = analyzers or SourceAnalyzers()
+        self._budget = budget or chunk_budget_for(embedder)
         chunks = ChunkStore(database)
         space = EmbeddingSpace(chunks=chunks, vectors=vectors, embedder=embedder)
+        self.ingestor = Ingestor(
+            chunks=chunks,
+            vectors=vectors,
+            embedder=embedder,
+            space=space,
+            analyzers=self._analyzers,
+            budget=self._budget,
+        )
         self._servicer = RetrievalServicer(
-            ingestor=Ingestor(chunks=chunks, vectors=vectors, embedder=embedder, space=space),
-            searcher=Searcher(chunks=chunks, vectors=vectors, embedder=embedder, space=space),
+            ingestor=self.ingestor,
+            searcher=Searcher(
+                chunks=chunks,
+                vectors=vectors,
+                embedder=embedder,
+                space=space,
+                analyzers=self._analyzers,
+            ),
         )
         self._vector_store_ok: bool | None = None
 
@@ -66,6 +95,8 @@ class RetrievalApp:
         log.info(
             "retrieval.config",
             embedder=self._embedder.model_id if self._embedder is not None else "none",
+            language=self._analyzers.default.language,
+            chunking=self._budget.name,
         )
 
     async def ready(self) -> bool:
@@ -121,7 +152,35 @@ def vector_store_from_env(*, dimensions: int) -> VectorStore:
     )
 
 
+def chunk_budget_for(embedder: Embedder | None) -> ChunkBudget:
+    """Chunks counted in the local model's own tokens whenever the vectors are
+    (or, with no embedder yet, would be) the local model's; a word estimate for
+    another model behind the gateway, whose tokenizer this process lacks."""
+    if embedder is None or embedder.model_id == LOCAL_MODEL_ID:
+        return ChunkBudget(EmbedderTokens(name="minilm-wordpiece"))
+    return ChunkBudget(EstimatedTokens())
+
+
+def analyzers_from_env() -> SourceAnalyzers:
+    """CAIRN_RETRIEVAL_LANGUAGE (default english; `none` for no stemming) and
+    CAIRN_RETRIEVAL_SOURCE_LANGUAGES (`source=language,...`) for exceptions."""
+    default = os.environ.get("CAIRN_RETRIEVAL_LANGUAGE", "").strip().lower() or DEFAULT_LANGUAGE
+    if default not in LANGUAGES:
+        raise ConfigInvalid(
+            f"CAIRN_RETRIEVAL_LANGUAGE={default!r} has no stemmer; use one of "
+            f"{', '.join(sorted(LANGUAGES))}"
+        )
+    try:
+        per_source = parse_source_languages(
+            os.environ.get("CAIRN_RETRIEVAL_SOURCE_LANGUAGES", "").lower()
+        )
+    except ValueError as exc:
+        raise ConfigInvalid(f"CAIRN_RETRIEVAL_SOURCE_LANGUAGES: {exc}") from exc
+    return SourceAnalyzers(default=default, per_source=per_source)
+
+
 def app_from_env() -> RetrievalApp:
+    analyzers = analyzers_from_env()
     embedder = retrieval_embedder_from_env()
     dimensions = embedder.dimensions if embedder is not None else LOCAL_DIMENSIONS
     return RetrievalApp(
@@ -130,4 +189,5 @@ def app_from_env() -> RetrievalApp:
         ),
         vectors=vector_store_from_env(dimensions=dimensions),
         embedder=embedder,
+        analyzers=analyzers,
     )

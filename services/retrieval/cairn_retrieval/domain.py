@@ -19,7 +19,7 @@ from typing import Any
 
 from cairn_libs.acl import AclPredicate, acl_keys
 from cairn_libs.identity import Principal
-from cairn_retrieval.chunking import chunk_text
+from cairn_retrieval.chunking import ChunkBudget, EstimatedTokens, embedded_text
 from cairn_retrieval.errors import (
     BadDocument,
     BadSearch,
@@ -28,7 +28,7 @@ from cairn_retrieval.errors import (
     RetrievalError,
     VectorStoreUnavailable,
 )
-from cairn_retrieval.tokens import term_frequencies
+from cairn_retrieval.tokens import DEFAULT_ANALYZER, Analyzer, text_length
 
 # Who may write a corpus, delete from it and read its counts.
 MANAGER_ROLES = frozenset({"ingester", "admin"})
@@ -149,11 +149,14 @@ class PreparedChunk:
     char_end: int
     text: str
     term_frequencies: Mapping[str, int]
+    # What the dense half embeds: the title's prefix, then the text.
+    embedded_text: str = ""
 
     @property
     def length(self) -> int:
-        """Document length for BM25: the number of terms, repeats counted."""
-        return sum(self.term_frequencies.values())
+        """Document length for BM25: the text's terms, repeats counted (the
+        title's terms are scored, not counted in the length)."""
+        return text_length(self.term_frequencies)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +168,9 @@ class PreparedDocument:
     content_hash: str
     acl_keys: tuple[str, ...]
     chunks: tuple[PreparedChunk, ...]
+    # How its terms and chunks were made (documents.analyzer, documents.chunking).
+    analyzer: str = ""
+    chunking: str = ""
 
 
 def may_manage(principal: Principal) -> bool:
@@ -367,19 +373,38 @@ def point_id(org_id: str, chunk_id: str) -> str:
     return str(uuid.uuid5(_POINT_NAMESPACE, f"{org_id}\x1f{chunk_id}"))
 
 
-def prepare_document(org_id: str, doc: IncomingDocument) -> PreparedDocument:
+DEFAULT_BUDGET = ChunkBudget(EstimatedTokens())
+
+
+def prepare_document(
+    org_id: str,
+    doc: IncomingDocument,
+    *,
+    analyzer: Analyzer = DEFAULT_ANALYZER,
+    budget: ChunkBudget = DEFAULT_BUDGET,
+) -> PreparedDocument:
+    """Validate, chunk to the embedder's window and analyze: the chunks' ids carry
+    the content and how it was indexed, so re-indexing the same text with another
+    analyzer or chunking writes new chunks beside the served ones."""
     validate_document(doc)
     digest = content_hash(doc)
+    version = hashlib.sha256(f"{digest}\x1f{analyzer.name}\x1f{budget.name}".encode()).hexdigest()
+    title_prefix, _ = budget.title_prefix(doc.title)
     chunks = tuple(
         PreparedChunk(
-            chunk_id=chunk_id_for(doc.document_id, digest, span.ordinal),
+            chunk_id=chunk_id_for(doc.document_id, version, span.ordinal),
             ordinal=span.ordinal,
             char_start=span.char_start,
             char_end=span.char_end,
             text=doc.text[span.char_start : span.char_end],
-            term_frequencies=dict(term_frequencies(doc.text[span.char_start : span.char_end])),
+            term_frequencies=dict(
+                analyzer.term_frequencies(
+                    doc.text[span.char_start : span.char_end], title=doc.title
+                )
+            ),
+            embedded_text=embedded_text(title_prefix, doc.text[span.char_start : span.char_end]),
         )
-        for span in chunk_text(doc.text)
+        for span in budget.spans(doc.text, title=doc.title)
     )
     return PreparedDocument(
         org_id=org_id,
@@ -387,6 +412,8 @@ def prepare_document(org_id: str, doc: IncomingDocument) -> PreparedDocument:
         content_hash=digest,
         acl_keys=tuple(doc.acl.keys()),
         chunks=chunks,
+        analyzer=analyzer.name,
+        chunking=budget.name,
     )
 
 

@@ -18,7 +18,9 @@ from opentelemetry import trace
 from cairn_libs.embedding import Embedder
 from cairn_libs.errors import Denied
 from cairn_libs.identity import Principal
+from cairn_retrieval.chunking import ChunkBudget, embedded_text
 from cairn_retrieval.domain import (
+    DEFAULT_BUDGET,
     CorpusStats,
     DocumentResult,
     DocumentView,
@@ -42,6 +44,7 @@ from cairn_retrieval.errors import (
     VectorStoreUnavailable,
 )
 from cairn_retrieval.postgres import ChunkStore, DocumentSession
+from cairn_retrieval.tokens import SourceAnalyzers
 from cairn_retrieval.vectors import VectorPoint, VectorStore
 
 log = structlog.get_logger(__name__)
@@ -56,11 +59,15 @@ class Ingestor:
         vectors: VectorStore,
         embedder: Embedder | None,
         space: EmbeddingSpace | None = None,
+        analyzers: SourceAnalyzers | None = None,
+        budget: ChunkBudget = DEFAULT_BUDGET,
     ) -> None:
         self._chunks = chunks
         self._vectors = vectors
         self._embedder = embedder
         self._space = space or EmbeddingSpace(chunks=chunks, vectors=vectors, embedder=embedder)
+        self._analyzers = analyzers or SourceAnalyzers()
+        self._budget = budget
 
     async def ingest(
         self, principal: Principal, documents: Sequence[IncomingDocument | RefusedDocument]
@@ -90,7 +97,12 @@ class Ingestor:
         with tracer.start_as_current_span("retrieval.ingest_document") as span:
             span.set_attribute("cairn.document_id", document.document_id)
             try:
-                prepared = prepare_document(org_id, document)
+                prepared = prepare_document(
+                    org_id,
+                    document,
+                    analyzer=self._analyzers.for_source(document.source),
+                    budget=self._budget,
+                )
             except BadDocument as exc:
                 log.info("ingest.rejected", document_id=document.document_id, error=exc.message)
                 return DocumentResult(document.document_id, Outcome.FAILED, error=exc.message)
@@ -115,7 +127,11 @@ class Ingestor:
             await self._forget_vectors(session.org_id, stored.pending_chunk_ids)
             await session.discard_pending()
         model_id = self._embedder.model_id if self._embedder is not None else ""
-        if stored.content_hash == prepared.content_hash:
+        if (
+            stored.content_hash == prepared.content_hash
+            and stored.analyzer == prepared.analyzer
+            and stored.chunking == prepared.chunking
+        ):
             if is_unchanged(
                 stored_embedding_model=stored.embedding_model,
                 stored_vector_store=stored.vector_store,
@@ -135,7 +151,7 @@ class Ingestor:
         vectors: list[list[float]] | None = None
         if self._embedder is not None:
             try:
-                vectors = await self._embed([c.text for c in prepared.chunks])
+                vectors = await self._embed([c.embedded_text for c in prepared.chunks])
             except EmbedderFailed as exc:
                 log.warning("ingest.embed_failed", document_id=document_id, error=exc.message)
                 return DocumentResult(
@@ -188,8 +204,11 @@ class Ingestor:
         assert self._embedder is not None
         document_id = prepared.document.document_id
         stored_chunks = await session.ready_chunks()
+        title_prefix, _ = self._budget.title_prefix(prepared.document.title)
         try:
-            vectors = await self._embed([text for _, text in stored_chunks])
+            vectors = await self._embed(
+                [embedded_text(title_prefix, text) for _, text in stored_chunks]
+            )
         except EmbedderFailed as exc:
             log.warning("ingest.embed_failed", document_id=document_id, error=exc.message)
             return DocumentResult(

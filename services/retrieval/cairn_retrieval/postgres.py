@@ -77,6 +77,8 @@ class StoredVersion:
     content_hash: str | None
     embedding_model: str
     vector_store: str
+    analyzer: str
+    chunking: str
     ready_chunks: int
     embedded_chunks: int
     pending_chunk_ids: tuple[str, ...]
@@ -183,8 +185,8 @@ class DocumentSession:
     async def current(self) -> StoredVersion:
         with _translated():
             document = await self._conn.fetchrow(
-                "SELECT content_hash, embedding_model, vector_store FROM documents "
-                "WHERE org_id = $1 AND document_id = $2",
+                "SELECT content_hash, embedding_model, vector_store, analyzer, chunking "
+                "FROM documents WHERE org_id = $1 AND document_id = $2",
                 self.org_id,
                 self.document_id,
             )
@@ -201,6 +203,8 @@ class DocumentSession:
             content_hash=document["content_hash"] if document is not None else None,
             embedding_model=document["embedding_model"] if document is not None else "",
             vector_store=document["vector_store"] if document is not None else "",
+            analyzer=document["analyzer"] if document is not None else "",
+            chunking=document["chunking"] if document is not None else "",
             ready_chunks=int(row["ready"]),
             embedded_chunks=int(row["embedded"]),
             pending_chunk_ids=tuple(row["pending"]),
@@ -321,11 +325,13 @@ class DocumentSession:
                 await _apply_statistics(self._conn, org_id, audiences, term_deltas)
                 await self._conn.execute(
                     "INSERT INTO documents (org_id, document_id, source, title, content_hash, acl, "
-                    "metadata, chunk_count, embedding_model, vector_store, text) "
-                    "VALUES ($1, $2, $3, $4, $5, $6::text[], $7::jsonb, $8, $9, $10, $11) "
+                    "metadata, chunk_count, embedding_model, vector_store, text, analyzer, "
+                    "chunking) "
+                    "VALUES ($1, $2, $3, $4, $5, $6::text[], $7::jsonb, $8, $9, $10, $11, $12, $13) "
                     "ON CONFLICT (org_id, document_id) DO UPDATE SET source = EXCLUDED.source, "
                     "title = EXCLUDED.title, content_hash = EXCLUDED.content_hash, "
-                    "text = EXCLUDED.text, "
+                    "text = EXCLUDED.text, analyzer = EXCLUDED.analyzer, "
+                    "chunking = EXCLUDED.chunking, "
                     "acl = EXCLUDED.acl, metadata = EXCLUDED.metadata, "
                     "chunk_count = EXCLUDED.chunk_count, "
                     "embedding_model = EXCLUDED.embedding_model, "
@@ -341,6 +347,8 @@ class DocumentSession:
                     embedding_model,
                     vector_store,
                     doc.text,
+                    prepared.analyzer,
+                    prepared.chunking,
                 )
         return Published(
             removed_chunks=len(removed),

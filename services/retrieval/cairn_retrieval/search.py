@@ -36,7 +36,7 @@ from cairn_retrieval.domain import (
 from cairn_retrieval.embedders import EmbeddingSpace
 from cairn_retrieval.errors import BadSearch, VectorStoreUnavailable
 from cairn_retrieval.postgres import ChunkStore
-from cairn_retrieval.tokens import query_terms
+from cairn_retrieval.tokens import SourceAnalyzers
 from cairn_retrieval.vectors import VectorStore
 
 log = structlog.get_logger(__name__)
@@ -60,11 +60,13 @@ class Searcher:
         vectors: VectorStore,
         embedder: Embedder | None,
         space: EmbeddingSpace | None = None,
+        analyzers: SourceAnalyzers | None = None,
     ) -> None:
         self._chunks = chunks
         self._vectors = vectors
         self._embedder = embedder
         self._space = space or EmbeddingSpace(chunks=chunks, vectors=vectors, embedder=embedder)
+        self._analyzers = analyzers or SourceAnalyzers()
 
     async def search(
         self,
@@ -83,7 +85,7 @@ class Searcher:
             raise BadSearch(exc.message) from exc
         k = resolve_k(k)
         validate_query(query)
-        terms = query_terms(query)
+        terms = self._analyzers.query_terms(query, predicate.sources)
         pool = candidate_pool(k)
         if mode is SearchMode.DENSE_ONLY and self._embedder is None:
             refusal = refuse_dense_only(DenseStatus.NO_EMBEDDER)

@@ -23,7 +23,6 @@ from cairn_retrieval.domain import (
     RankedHit,
     SearchMode,
     candidate_pool,
-    chunk_id_for,
     content_hash,
     decide_mode,
     fuse_rrf,
@@ -44,23 +43,71 @@ from cairn_retrieval.errors import (
     RetrievalError,
     VectorStoreUnavailable,
 )
-from cairn_retrieval.tokens import query_terms, tokenize
+from cairn_retrieval.tokens import (
+    NO_STEMMING,
+    Analyzer,
+    SourceAnalyzers,
+    parse_source_languages,
+    query_terms,
+    term_frequencies,
+    text_length,
+    tokenize,
+)
 
 # ---------------------------------------------------------------- tokens
 
 
-def test_tokenize_lowercases_splits_on_punctuation_and_drops_stopwords() -> None:
+def test_tokenize_lowercases_splits_on_punctuation_drops_stopwords_and_stems() -> None:
     assert tokenize("The Quick-brown fox_jumps, and IS fast!") == [
         "quick",
         "brown",
         "fox",
-        "jumps",
+        "jump",
         "fast",
     ]
 
 
+def test_one_stem_stands_for_the_forms_of_a_word_in_text_and_query_alike() -> None:
+    forms = "connect connected connecting connection connections"
+    assert set(tokenize(forms)) == {"connect"}
+    assert query_terms("Connecting") == ["connect", "title:connect"]
+
+
+def test_without_stemming_words_stay_whole() -> None:
+    plain = Analyzer(NO_STEMMING)
+    assert plain.tokenize("The connections, connecting") == ["connections", "connecting"]
+    assert plain.name == "plain" and Analyzer().name == "snowball-english"
+
+
+def test_another_language_stems_with_its_own_rules_and_no_english_stopwords() -> None:
+    german = Analyzer("german")
+    assert german.tokenize("Die Häuser und das Haus") == ["die", "haus", "und", "das", "haus"]
+
+
+def test_an_unknown_language_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match="'klingon' has no stemmer"):
+        Analyzer("klingon")
+    with pytest.raises(ValueError, match="'klingon' \\(for source 'wiki'\\)"):
+        parse_source_languages("handbook=english, wiki=klingon")
+    assert parse_source_languages("handbook=english, code=none,") == {
+        "handbook": "english",
+        "code": "none",
+    }
+
+
+def test_a_search_over_sources_of_two_languages_asks_for_both_stems() -> None:
+    analyzers = SourceAnalyzers(default="english", per_source={"code": "none"})
+    assert analyzers.query_terms("running", ["docs"]) == ["run", "title:run"]
+    assert analyzers.query_terms("running", ["docs", "code"]) == [
+        "run",
+        "running",
+        "title:run",
+        "title:running",
+    ]
+
+
 def test_tokenize_keeps_words_and_digits_of_any_script() -> None:
-    assert tokenize("Straße Ünïcode 東京 2024 ﬁne") == [
+    assert Analyzer(NO_STEMMING).tokenize("Straße Ünïcode 東京 2024 ﬁne") == [
         "strasse",
         "ünïcode",
         "東京",
@@ -73,8 +120,19 @@ def test_tokenize_drops_runs_longer_than_a_word_can_be() -> None:
     assert tokenize("short " + "x" * 65) == ["short"]
 
 
-def test_query_terms_count_a_repeated_word_once() -> None:
-    assert query_terms("travel Travel the travel policy") == ["policy", "travel"]
+def test_query_terms_count_a_repeated_word_once_as_text_and_as_title() -> None:
+    assert query_terms("travel Travel the travel policy") == [
+        "polici",
+        "title:polici",
+        "title:travel",
+        "travel",
+    ]
+
+
+def test_title_terms_are_their_own_and_do_not_count_in_the_length() -> None:
+    counts = term_frequencies("Meals are reimbursed.", title="Meals policy")
+    assert counts == {"meal": 1, "reimburs": 1, "title:meal": 1, "title:polici": 1}
+    assert text_length(counts) == 2
 
 
 # ---------------------------------------------------------------- chunking
@@ -213,9 +271,20 @@ def test_prepared_chunks_carry_exact_text_terms_and_versioned_ids() -> None:
     prepared = prepare_document("org-1", doc)
     (chunk,) = prepared.chunks
     assert chunk.text == doc.text[chunk.char_start : chunk.char_end]
-    assert chunk.term_frequencies == {"travel": 2, "policy": 1, "meals": 1, "reimbursed": 1}
+    assert chunk.term_frequencies == {
+        "travel": 2,
+        "polici": 1,
+        "meal": 1,
+        "reimburs": 1,
+        "title:polici": 1,
+    }
     assert chunk.length == 5
-    assert chunk.chunk_id == chunk_id_for("policy-7", prepared.content_hash, 0)
+    assert chunk.embedded_text == "Policy\n\n" + chunk.text
+    assert chunk.chunk_id.startswith("policy-7#") and chunk.chunk_id.endswith("-00000")
+    assert (prepared.analyzer, prepared.chunking) == ("snowball-english", "estimate/256/title32")
+    other = prepare_document("org-1", doc, analyzer=Analyzer(NO_STEMMING))
+    assert other.content_hash == prepared.content_hash
+    assert other.chunks[0].chunk_id != chunk.chunk_id
     assert prepared.acl_keys == ("group:staff",)
 
 
