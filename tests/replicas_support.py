@@ -1,13 +1,18 @@
 """Three replicas of every service for the replica and fault tests: the same
 processes `make run` starts, each service on three loopback ports, dialled by
 every caller as one round-robin target; two offline models (the bundled agents'
-and the scribe's scripted one, see cairn_libs.stack.write_agent_setup); and, for
-the fault tests, a PostgreSQL of their own, so restarting it disturbs no other
-test."""
+and the scribe's scripted one, see cairn_libs.stack.write_agent_setup); and a
+PostgreSQL of their own, so the fault tests' restart of it disturbs no other test.
+
+Starting twelve service processes is most of these tests' time, so the stack is
+started once per test session (`shared_replica_stack`) and used by every module
+that asks; a test that kills a replica starts it again before it ends."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -15,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
+
+import pytest
 
 from cairn_libs.identity import TokenIssuer
 from cairn_libs.stack import (
@@ -25,8 +32,10 @@ from cairn_libs.stack import (
     plan_replica_ports,
     replica_targets,
     stack_env,
+    start_embedded_postgres,
     start_fake_provider,
     start_local_stack,
+    stop_embedded_postgres,
     wait_for_http,
     write_agent_setup,
 )
@@ -44,6 +53,7 @@ class ReplicaStack:
     scripted: ServiceProcess
     pg_url: str
     issuer: TokenIssuer
+    pg_dir: Path | None = None
 
     @property
     def targets(self) -> dict[str, str]:
@@ -115,3 +125,40 @@ async def poll(predicate: Callable[[], T | None], *, within: float, interval: fl
             return value
         await asyncio.sleep(interval)
     raise TimeoutError(f"condition not met within {within} s")
+
+
+_STACK_KEY = pytest.StashKey[ReplicaStack]()
+
+
+def shared_replica_stack(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    *,
+    keys: tuple[Path, Path],
+    service_env: dict[str, str],
+) -> ReplicaStack:
+    """The session's three-replica stack on its own PostgreSQL, started on first use
+    and stopped when the session ends."""
+    config = request.config
+    if _STACK_KEY in config.stash:
+        return config.stash[_STACK_KEY]
+    pg_base = Path(tempfile.mkdtemp(prefix="cairn-replicas-"))
+    pg_base.chmod(0o755)  # as root, PostgreSQL runs as `pgserver`, which must reach it
+    pg_url = start_embedded_postgres(pg_base / "pg")
+
+    def stop_pg() -> None:
+        stop_embedded_postgres(pg_base / "pg")
+        shutil.rmtree(pg_base, ignore_errors=True)
+
+    config.add_cleanup(stop_pg)
+    started = replica_stack(
+        tmp_path_factory.mktemp("replicas"),
+        pg_url=pg_url,
+        keys=keys,
+        service_env={**service_env, "DATABASE_URL": pg_url},
+    )
+    stack = started.__enter__()
+    config.add_cleanup(lambda: started.__exit__(None, None, None))
+    stack.pg_dir = pg_base / "pg"
+    config.stash[_STACK_KEY] = stack
+    return stack

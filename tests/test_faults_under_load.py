@@ -8,17 +8,15 @@ ingested, all there afterwards); a run that was on the killed orchestrator is en
 by a surviving replica, with the true reason, within its lease; and after a
 database restart every process goes NOT_SERVING and comes back by itself.
 
-The stack has a PostgreSQL of its own, so restarting it disturbs no other test.
+The stack (tests/replicas_support.py) has a PostgreSQL of its own, so restarting
+it disturbs no other test; every replica killed here is started again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import shutil
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
@@ -32,12 +30,17 @@ from cairn_libs.clients import call_metadata, channel
 from cairn_libs.load import CallRecord, MixedLoad, failures
 from cairn_libs.stack import (
     SCRIBE_AGENT,
+    ServiceProcess,
     health_status,
-    start_embedded_postgres,
-    stop_embedded_postgres,
     wait_for_health,
 )
-from tests.replicas_support import LEASE_SECONDS, QUESTION, SERVICES, ReplicaStack, replica_stack
+from tests.replicas_support import (
+    LEASE_SECONDS,
+    QUESTION,
+    SERVICES,
+    ReplicaStack,
+    shared_replica_stack,
+)
 
 LANES = 6
 # The orchestrator replica's lease lapses at most LEASE_SECONDS after its last
@@ -48,29 +51,13 @@ pytestmark = pytest.mark.timeout(240)
 
 
 @pytest.fixture(scope="module")
-def own_pg() -> Iterator[tuple[Path, str]]:
-    base = Path(tempfile.mkdtemp(prefix="cairn-faults-"))
-    base.chmod(0o755)  # as root, PostgreSQL runs as `pgserver`, which must reach it
-    url = start_embedded_postgres(base / "pg")
-    try:
-        yield base / "pg", url
-    finally:
-        stop_embedded_postgres(base / "pg")
-        shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
 def faults(
+    request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
-    own_pg: tuple[Path, str],
     dev_keys: tuple[Path, Path],
     service_env: dict[str, str],
-) -> Iterator[ReplicaStack]:
-    env = {**service_env, "DATABASE_URL": own_pg[1]}
-    with replica_stack(
-        tmp_path_factory.mktemp("faults"), pg_url=own_pg[1], keys=dev_keys, service_env=env
-    ) as stack:
-        yield stack
+) -> ReplicaStack:
+    return shared_replica_stack(request, tmp_path_factory, keys=dev_keys, service_env=service_env)
 
 
 def _load(stack: ReplicaStack) -> MixedLoad:
@@ -143,6 +130,7 @@ async def test_sigkill_of_one_replica_of_each_service_fails_only_its_calls_in_fl
     kills: list[tuple[str, float, set[str]]] = []
     hanging_org = faults.new_org()
     ended_after = 0.0
+    restarted: list[ServiceProcess] = []
     try:
         await load.wait_for_calls(LANES, after=time.monotonic())
         for generation, service in enumerate(SERVICES, start=1):
@@ -161,7 +149,9 @@ async def test_sigkill_of_one_replica_of_each_service_fails_only_its_calls_in_fl
                 ended_after = time.monotonic() - killed_at
                 assert [r["state"] for r in rows] == ["FAILED"]
                 assert STOPPED_REASON in rows[0]["reason"]
-            proc = faults.local.start(service, 0, generation=generation)
+            # Started again at once; its start-up overlaps the next kill.
+            restarted.append(faults.local.start(service, 0, generation=generation))
+        for proc in restarted:
             await asyncio.to_thread(wait_for_health, proc, timeout=120)
         await load.wait_for_calls(LANES, after=time.monotonic())
     finally:
@@ -178,8 +168,9 @@ async def test_sigkill_of_one_replica_of_each_service_fails_only_its_calls_in_fl
     assert sum(r.ok for r in load.records) > 4 * LANES
     # Ended by a surviving replica within the lease (plus one upkeep round).
     assert ended_after < ENDED_WITHIN_SECONDS + 1.0, ended_after
+    assert all(r.detail for r in failed), "a failure without its reason"
     # No run of the load is left working with nobody on it.
-    assert all(r["state"] != "RUNNING" for r in await _runs_of(faults.pg_url, load.org))
+    await poll_async_runs(faults.pg_url, load.org, within=ENDED_WITHIN_SECONDS + 1.0)
 
 
 async def poll_async_runs(pg_url: str, org: str, *, within: float) -> list[asyncpg.Record]:
@@ -204,9 +195,10 @@ async def _pg_ctl(call: str, *args: object) -> None:
 
 
 async def test_postgres_restarted_under_load_every_service_goes_not_serving_and_comes_back_losing_nothing(
-    faults: ReplicaStack, own_pg: tuple[Path, str]
+    faults: ReplicaStack,
 ) -> None:
-    data_dir, url = own_pg
+    assert faults.pg_dir is not None
+    data_dir, url = faults.pg_dir, faults.pg_url
     processes = faults.local.processes()
     load = _load(faults)
     load.start()

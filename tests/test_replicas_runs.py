@@ -5,7 +5,6 @@ a third, and twenty approvals at once spread over the replicas make one write.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
@@ -17,20 +16,17 @@ from cairn.orchestrator.v1 import orchestrator_pb2 as pb
 from cairn.orchestrator.v1 import orchestrator_pb2_grpc
 from cairn_libs.clients import call_metadata, channel
 from cairn_libs.stack import SCRIBE_AGENT
-from tests.replicas_support import ReplicaStack, replica_stack
+from tests.replicas_support import ReplicaStack, shared_replica_stack
 
 
 @pytest.fixture(scope="module")
 def replicas(
+    request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
-    pg_url: str,
     dev_keys: tuple[Path, Path],
     service_env: dict[str, str],
-) -> Iterator[ReplicaStack]:
-    with replica_stack(
-        tmp_path_factory.mktemp("replicas"), pg_url=pg_url, keys=dev_keys, service_env=service_env
-    ) as stack:
-        yield stack
+) -> ReplicaStack:
+    return shared_replica_stack(request, tmp_path_factory, keys=dev_keys, service_env=service_env)
 
 
 def _orchestrator(stack: ReplicaStack, index: int) -> grpc.aio.Channel:
