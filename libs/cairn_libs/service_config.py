@@ -69,7 +69,8 @@ RETRY_SAFE: Mapping[str, Mapping[str, str]] = {
         "GetTrajectory": "a read",
         "ResolveConfirmation": "idempotent by confirmation token: the write runs exactly once "
         "however often it is approved (I4)",
-        "CancelRun": "idempotent by run id: a cancelled run stays cancelled",
+        "CancelRun": "idempotent in effect by run id: a second cancel changes nothing (a "
+        "retry after a lost answer is told the run has ended, CANCELLED)",
         "ListPendingConfirmations": "a read",
         "ListAgents": "a read",
         "ForgetCopies": "idempotent by subject, as Forget",
