@@ -19,6 +19,7 @@ web-gen: $(WEB_STAMP) ## regenerate web/src/api/schema.d.ts from the proxy's Ope
 
 web: $(WEB_STAMP) ## build the web panel into web/dist (served by the REST proxy)
 	cd $(WEB) && node scripts/gen-api.mjs --check && npx tsc --noEmit && npx vite build --logLevel warn
+	rm -rf build/web-unit && cd $(WEB) && npx tsc -p tsconfig.unit.json && node --test ../build/web-unit/tests/
 
 web-check: web ## fail when the panel's types are stale or it no longer type-checks against the protos
 
