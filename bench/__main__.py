@@ -29,6 +29,7 @@ SUITES = {
     "retrieval": "bench.retrieval_search:run_retrieval",
     "memory": "bench.memory_recall:run_memory",
     "run": "bench.run_latency:run_orchestration",
+    "cancel": "bench.run_cancel:run_cancel",
     "rest": "bench.restproxy:run_restproxy",
     "replicas": "bench.replicas:run_replicas",
     "tools": "bench.tool_sources:run_tool_sources",
