@@ -9,10 +9,14 @@ and no randomness, whether to search first or to answer from what it was given:
   - the person asks to remember something ("remember that …", "请记住…") and
     `remember` is offered: call it with their words, as their own statement about
     themselves (the orchestrator then shows the person a card to approve);
+  - the person asks about open positions (or leave days) and the people
+    directory's `count_open_positions` (or `leave_balance`) is offered: call it
+    with no arguments, so the directory narrows by the person's own token;
   - otherwise a `search_knowledge` tool is offered and nothing came back from a tool
     since the last user message: call it with the question;
   - after a tool result, answer from it: what was kept (or that the person declined),
-    what is held about the person, or the first labelled knowledge item, citing its
+    what is held about the person, what the directory counted (or that it said the
+    person may not see it), or the first labelled knowledge item, citing its
     label; or say plainly that nothing readable was found (and which tool failed,
     with its code). Memory answers are in Chinese when the question is.
 
@@ -34,6 +38,10 @@ from .reply import OFFLINE_PREFIX, PlannedToolCall, Reply
 SEARCH_TOOL = "search_knowledge"
 REMEMBER_TOOL = "remember"
 RECALL_TOOL = "recall_memory"
+OPEN_POSITIONS_TOOL = "count_open_positions"
+LEAVE_TOOL = "leave_balance"
+# The people directory's own code for "you may not see that".
+DIRECTORY_DENIAL_CODE = "permission_denied"
 DENIED_CODE = "tool.denied"
 MAX_MEMORY_CHARS = 300
 
@@ -50,6 +58,16 @@ _ASKS_WHAT_IS_KNOWN = (
     ),
     re.compile(r"(?:关于我|对我|你).{0,8}(?:知道|记得|记住|了解|保存).{0,8}(?:什么|哪些|多少)"),
     re.compile(r"你.{0,6}(?:记得|记住|知道)(?:了)?(?:我|关于我).{0,8}(?:什么|哪些|吗)"),
+)
+# Questions the demo people directory answers, in English and Chinese.
+_ASKS_OPEN_POSITIONS = re.compile(
+    r"\bopen\s+(?:positions?|roles?|jobs?|reqs?)\b|\bvacanc(?:y|ies)\b|空缺|职位|招聘",
+    re.IGNORECASE,
+)
+_ASKS_LEAVE_BALANCE = re.compile(
+    r"\bleave\b.{0,30}\b(?:left|balance|remaining)\b|\b(?:days?|balance)\b.{0,20}\bleave\b"
+    r".{0,20}\b(?:left|have|remaining)\b|假期余额|年假|剩.{0,4}(?:假|天)",
+    re.IGNORECASE,
 )
 # "Please remember that …", "记住…": the words after it are what to keep.
 _ASKS_TO_REMEMBER = (
@@ -238,6 +256,10 @@ def plan_reply(request: ChatRequest) -> Reply:
     if RECALL_TOOL in answered:
         message = tool_messages[answered.index(RECALL_TOOL)]
         return Reply(content=compose_recalled(message.content, chinese=chinese))
+    for tool in (OPEN_POSITIONS_TOOL, LEAVE_TOOL):
+        if tool in answered:
+            message = tool_messages[answered.index(tool)]
+            return Reply(content=compose_directory(message.content, tool=tool, chinese=chinese))
     items: list[KnowledgeItem] = []
     failures: list[ToolFailure] = []
     for message in tool_messages:
@@ -288,6 +310,10 @@ def _first_tool_call(request: ChatRequest, question: str) -> PlannedToolCall | N
     if text is not None and _may_call(request, REMEMBER_TOOL):
         arguments = {"text": text, "subject": {"kind": "USER"}, "claim_type": "USER_STATEMENT"}
         return PlannedToolCall(REMEMBER_TOOL, _json(arguments))
+    if _ASKS_OPEN_POSITIONS.search(question) and _may_call(request, OPEN_POSITIONS_TOOL):
+        return PlannedToolCall(OPEN_POSITIONS_TOOL, "{}")
+    if _ASKS_LEAVE_BALANCE.search(question) and _may_call(request, LEAVE_TOOL):
+        return PlannedToolCall(LEAVE_TOOL, "{}")
     if _may_search(request):
         return PlannedToolCall(SEARCH_TOOL, _json({"query": question}))
     return None
@@ -370,6 +396,40 @@ def compose_recalled(content: str, *, chinese: bool) -> str:
         )
     head = "我保存的关于你的信息：" if chinese else "What I hold about you: "
     return OFFLINE_PREFIX + head + "; ".join(lines)
+
+
+def compose_directory(content: str, *, tool: str, chinese: bool) -> str:
+    """The answer after a people-directory tool came back: the count or the balance,
+    that the directory says the person may not see it, or which error it gave."""
+    payload = _tool_payload(content)
+    code = _error_code(payload)
+    if code is not None and code.endswith(DIRECTORY_DENIAL_CODE):
+        return OFFLINE_PREFIX + (
+            "人员目录说你无权查看这些信息。"
+            if chinese
+            else "The people directory says you may not see that."
+        )
+    if code is not None or not isinstance(payload, dict):
+        return OFFLINE_PREFIX + (
+            f"没能查到：{tool} 工具失败，错误代码 {code}。"
+            if chinese
+            else f"I could not look: the {tool} tool failed with error code {code}."
+        )
+    if tool == OPEN_POSITIONS_TOOL and "total" in payload:
+        total = payload["total"]
+        return OFFLINE_PREFIX + (
+            f"你的团队共有 {total} 个空缺职位。"
+            if chinese
+            else f"Your teams have {total} open positions."
+        )
+    if tool == LEAVE_TOOL and "days_left" in payload:
+        days = payload["days_left"]
+        return OFFLINE_PREFIX + (
+            f"你还剩 {days} 天假期。" if chinese else f"You have {days} days of leave left."
+        )
+    return OFFLINE_PREFIX + (
+        f"{tool} 的回答我读不懂。" if chinese else f"I could not read what {tool} answered."
+    )
 
 
 def compose_answer(

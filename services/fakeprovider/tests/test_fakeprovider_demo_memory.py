@@ -2,7 +2,8 @@
 something with `remember` offered, it calls `remember` with the person's words;
 asked what it knows about the person (in English or Chinese) with `recall_memory`
 offered, it calls that; otherwise it searches as before. After the tool's result
-it answers from it, in Chinese when the question was."""
+it answers from it, in Chinese when the question was. The people-directory rules
+(open positions, leave days) follow the same shape, at the end."""
 
 from __future__ import annotations
 
@@ -207,3 +208,74 @@ def test_where_nothing_can_be_kept_it_says_so_with_the_tools_note() -> None:
     assert reply.content == (
         OFFLINE_PREFIX + "I could not keep it: this deployment keeps no memories; nothing was kept."
     )
+
+
+# ---------------------------------------------------------------- the people directory
+
+PEOPLE_TOOLS = [tool("search_knowledge"), tool("count_open_positions"), tool("leave_balance")]
+
+
+@pytest.mark.parametrize(
+    ("question", "expected"),
+    [
+        ("How many open positions do my teams have?", "count_open_positions"),
+        ("Any vacancies in engineering?", "count_open_positions"),
+        ("我的团队有多少空缺职位？", "count_open_positions"),
+        ("How many days of leave do I have left?", "leave_balance"),
+        ("What is my leave balance?", "leave_balance"),
+        ("我还剩几天年假？", "leave_balance"),
+    ],
+)
+def test_a_directory_question_calls_the_directory_tool_with_no_arguments(
+    question: str, expected: str
+) -> None:
+    reply = plan(question, tools=PEOPLE_TOOLS)
+    assert [(c.name, c.arguments) for c in reply.tool_calls] == [(expected, "{}")]
+
+
+def test_without_the_directory_tool_the_same_question_is_searched() -> None:
+    reply = plan("How many days of leave do I have left?", tools=[tool("search_knowledge")])
+    assert [c.name for c in reply.tool_calls] == ["search_knowledge"]
+
+
+@pytest.mark.parametrize(
+    ("question", "name", "result", "answer"),
+    [
+        (
+            "How many open positions do my teams have?",
+            "count_open_positions",
+            {"teams": [{"team": "eng", "open_positions": 3}], "total": 3},
+            "Your teams have 3 open positions.",
+        ),
+        (
+            "我的团队有多少空缺职位？",
+            "count_open_positions",
+            {"total": 2},
+            "你的团队共有 2 个空缺职位。",
+        ),
+        (
+            "How many days of leave do I have left?",
+            "leave_balance",
+            {"person": "tom", "days_left": 12.5},
+            "You have 12.5 days of leave left.",
+        ),
+        (
+            "How many open positions do my teams have?",
+            "count_open_positions",
+            {"error": {"code": "permission_denied", "message": "not allowed"}},
+            "The people directory says you may not see that.",
+        ),
+        (
+            "How many open positions do my teams have?",
+            "count_open_positions",
+            {"error": {"code": "tool.unavailable", "message": "down"}},
+            "I could not look: the count_open_positions tool failed with error code tool.unavailable.",
+        ),
+    ],
+)
+def test_after_the_directory_answers_the_model_says_what_it_said(
+    question: str, name: str, result: dict[str, Any], answer: str
+) -> None:
+    reply = plan(question, *called(name, {}, result), tools=PEOPLE_TOOLS)
+    assert reply.tool_calls == ()
+    assert reply.content == OFFLINE_PREFIX + answer
