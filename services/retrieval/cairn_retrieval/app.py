@@ -28,6 +28,7 @@ from cairn_retrieval.embedders import EmbeddingSpace, GatewayEmbedder, retrieval
 from cairn_retrieval.errors import ConfigInvalid
 from cairn_retrieval.ingest import Ingestor
 from cairn_retrieval.postgres import ChunkStore
+from cairn_retrieval.repair import VectorStoreHealth
 from cairn_retrieval.search import Searcher
 from cairn_retrieval.servicer import INGEST_METHOD, SERVICE_NAME, RetrievalServicer
 from cairn_retrieval.tokens import (
@@ -60,13 +61,18 @@ class RetrievalApp:
         analyzers: SourceAnalyzers | None = None,
         budget: ChunkBudget | None = None,
     ) -> None:
-        self._database = database
-        self._vectors = vectors
-        self._embedder = embedder
+        self.database = database
+        self.vectors = vectors
+        self.embedder = embedder
         self._analyzers = analyzers or SourceAnalyzers()
         self._budget = budget or chunk_budget_for(embedder)
         chunks = ChunkStore(database)
         space = EmbeddingSpace(chunks=chunks, vectors=vectors, embedder=embedder)
+        self.health = VectorStoreHealth(
+            chunks=chunks,
+            vectors=vectors,
+            model_id=embedder.model_id if embedder is not None else "",
+        )
         self.ingestor = Ingestor(
             chunks=chunks,
             vectors=vectors,
@@ -83,6 +89,7 @@ class RetrievalApp:
                 embedder=embedder,
                 space=space,
                 analyzers=self._analyzers,
+                health=self.health,
             ),
         )
         self._vector_store_ok: bool | None = None
@@ -94,27 +101,30 @@ class RetrievalApp:
     async def start(self) -> None:
         log.info(
             "retrieval.config",
-            embedder=self._embedder.model_id if self._embedder is not None else "none",
+            embedder=self.embedder.model_id if self.embedder is not None else "none",
             language=self._analyzers.default.language,
             chunking=self._budget.name,
         )
 
     async def ready(self) -> bool:
-        database_ok = await self._database.ready()
-        vector_store_ok = await self._vectors.probe()
+        database_ok = await self.database.ready()
+        vector_store_ok = await self.vectors.probe()
         if vector_store_ok != self._vector_store_ok:
             if vector_store_ok:
                 log.info("retrieval.vector_store_ready")
             else:
                 log.warning("retrieval.vector_store_unreachable", serving="keyword-only")
             self._vector_store_ok = vector_store_ok
+        if database_ok and vector_store_ok:
+            # A collection wiped or replaced while we run is noticed here too.
+            await self.health.check()
         return database_ok
 
     async def stop(self) -> None:
-        if isinstance(self._embedder, GatewayEmbedder):
-            await self._embedder.close()
-        await self._vectors.close()
-        await self._database.close()
+        if isinstance(self.embedder, GatewayEmbedder):
+            await self.embedder.close()
+        await self.vectors.close()
+        await self.database.close()
 
 
 def vector_store_from_env(*, dimensions: int) -> VectorStore:

@@ -65,6 +65,11 @@ MODEL_MISMATCH_REASON = (
 NO_QUERY_TERMS_REASON = (
     "the query has no searchable words once common words are removed; these results are dense-only"
 )
+VECTOR_STORE_NEEDS_REPAIR_REASON = (
+    "the vector collection is not the one this service wrote its vectors to (wiped, made "
+    "again or replaced) and waits for `python -m cairn_retrieval reindex vectors`; these "
+    "results are keyword-only"
+)
 KEYWORD_ASKED_REASON = "keyword-only was asked for; dense search did not run"
 DENSE_ASKED_REASON = "dense-only was asked for; keyword search did not run"
 
@@ -90,6 +95,7 @@ class DenseStatus(enum.Enum):
     VECTOR_STORE_UNREACHABLE = "vector_store_unreachable"
     EMBEDDER_FAILED = "embedder_failed"
     MODEL_MISMATCH = "model_mismatch"
+    VECTOR_STORE_NEEDS_REPAIR = "vector_store_needs_repair"
 
 
 # ---------------------------------------------------------------- ingest
@@ -541,6 +547,8 @@ def decide_mode(
         return SearchMode.KEYWORD_ONLY, EMBEDDER_FAILED_REASON
     if dense is DenseStatus.MODEL_MISMATCH:
         return SearchMode.KEYWORD_ONLY, MODEL_MISMATCH_REASON
+    if dense is DenseStatus.VECTOR_STORE_NEEDS_REPAIR:
+        return SearchMode.KEYWORD_ONLY, VECTOR_STORE_NEEDS_REPAIR_REASON
     if not has_query_terms:
         return SearchMode.DENSE_ONLY, NO_QUERY_TERMS_REASON
     return SearchMode.HYBRID, ""
@@ -559,6 +567,10 @@ def refuse_dense_only(dense: DenseStatus) -> RetrievalError | None:
     if dense is DenseStatus.MODEL_MISMATCH:
         return DenseSearchUnavailable(
             "dense-only search cannot run: " + MODEL_MISMATCH_REASON.split(";")[0]
+        )
+    if dense is DenseStatus.VECTOR_STORE_NEEDS_REPAIR:
+        return DenseSearchUnavailable(
+            "dense-only search cannot run: " + VECTOR_STORE_NEEDS_REPAIR_REASON.split(";")[0]
         )
     if dense is DenseStatus.VECTOR_STORE_UNREACHABLE:
         return VectorStoreUnavailable(

@@ -30,6 +30,7 @@ Any failure of the engine becomes VectorStoreUnavailable, as for the client.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import threading
 import uuid
 from collections.abc import Sequence
@@ -113,7 +114,29 @@ class EdgeVectorStore:
         return f"edge={self._folder.parent}"
 
     def identity(self) -> str:
-        return f"{self.describe()} {self.collection} {self._store_id()}"
+        return f"{self.location()} {self._store_id()}"
+
+    def location(self) -> str:
+        return f"{self.describe()} {self.collection}"
+
+    async def store_id(self) -> str:
+        await self.ensure_collection()
+        return self._store_id()
+
+    async def count(self) -> int:
+        info = await self._call("count", lambda: self._open().info())
+        return int(info.points_count)
+
+    async def recreate(self) -> None:
+        """Remove the shard's folder and make a new shard (a new store id)."""
+        await self.close()
+
+        def work() -> None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._id = None
+            self._open()
+
+        await self._call("recreate", work)
 
     def _store_id(self) -> str:
         """The id of the shard in the folder, made with it (before its segments);

@@ -83,7 +83,7 @@ class Ingestor:
                 log.info("ingest.rejected", document_id=document.document_id, error=document.reason)
                 result = DocumentResult(document.document_id, Outcome.FAILED, error=document.reason)
             else:
-                result = await self._ingest_one(principal.org_id, document)
+                result = await self.ingest_one(principal.org_id, document)
             if result.outcome in (Outcome.INGESTED, Outcome.REPLACED):
                 chunks_written += result.chunks
             yield IngestProgress(
@@ -93,7 +93,7 @@ class Ingestor:
                 result=result,
             )
 
-    async def _ingest_one(self, org_id: str, document: IncomingDocument) -> DocumentResult:
+    async def ingest_one(self, org_id: str, document: IncomingDocument) -> DocumentResult:
         with tracer.start_as_current_span("retrieval.ingest_document") as span:
             span.set_attribute("cairn.document_id", document.document_id)
             try:
@@ -301,6 +301,17 @@ class Ingestor:
         if view is None:
             raise DocumentNotFound()
         return view
+
+    async def stale_documents(self) -> list[tuple[str, str]]:
+        """(org id, document id) of every document whose terms or chunks were made
+        by another analyzer or chunking than this service's."""
+        return [
+            (org_id, document_id)
+            for org_id, document_id, source, analyzer, chunking in (
+                await self._chunks.index_versions()
+            )
+            if analyzer != self._analyzers.for_source(source).name or chunking != self._budget.name
+        ]
 
     async def stats(self, principal: Principal) -> CorpusStats:
         if not may_manage(principal):

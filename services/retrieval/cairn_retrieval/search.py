@@ -36,6 +36,7 @@ from cairn_retrieval.domain import (
 from cairn_retrieval.embedders import EmbeddingSpace
 from cairn_retrieval.errors import BadSearch, VectorStoreUnavailable
 from cairn_retrieval.postgres import ChunkStore
+from cairn_retrieval.repair import VectorStoreHealth
 from cairn_retrieval.tokens import SourceAnalyzers
 from cairn_retrieval.vectors import VectorStore
 
@@ -61,12 +62,14 @@ class Searcher:
         embedder: Embedder | None,
         space: EmbeddingSpace | None = None,
         analyzers: SourceAnalyzers | None = None,
+        health: VectorStoreHealth | None = None,
     ) -> None:
         self._chunks = chunks
         self._vectors = vectors
         self._embedder = embedder
         self._space = space or EmbeddingSpace(chunks=chunks, vectors=vectors, embedder=embedder)
         self._analyzers = analyzers or SourceAnalyzers()
+        self._health = health
 
     async def search(
         self,
@@ -154,6 +157,8 @@ class Searcher:
         if mismatch is not None:
             log.warning("search.model_mismatch", detail=mismatch)
             return DenseStatus.MODEL_MISMATCH, None, []
+        if self._health is not None and await self._health.problem() is not None:
+            return DenseStatus.VECTOR_STORE_NEEDS_REPAIR, None, []
         with tracer.start_as_current_span("retrieval.dense") as span:
             try:
                 (vector,) = await self._embedder.embed([query])

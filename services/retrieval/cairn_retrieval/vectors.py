@@ -12,6 +12,7 @@ reason stated (I11).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -26,6 +27,7 @@ from cairn_retrieval.errors import VectorStoreUnavailable
 
 log = structlog.get_logger(__name__)
 
+STORE_ID_KEY = "cairn_store_id"
 DOCUMENT_FIELD = "document_id"
 CHUNK_FIELD = "chunk_id"
 UPSERT_BATCH = 256
@@ -43,6 +45,24 @@ class VectorPoint:
 class VectorStore(Protocol):
     def identity(self) -> str:
         """Where the collection lives and its name: one vector space."""
+        ...
+
+    def location(self) -> str:
+        """Where the collection lives and its name, without the id of the store
+        made there: a collection made again at a location is another store."""
+        ...
+
+    async def store_id(self) -> str:
+        """The id made with the collection ('' for one made without: by an
+        earlier cairn, or by something else)."""
+        ...
+
+    async def count(self) -> int:
+        """Points in the collection, of every org."""
+        ...
+
+    async def recreate(self) -> None:
+        """Drop the collection and make it again, empty, with a new store id."""
         ...
 
     async def ensure_collection(self) -> None: ...
@@ -91,6 +111,7 @@ class QdrantVectorStore:
         self._replication_factor = replication_factor
         self._client: AsyncQdrantClient | None = None
         self._collection_ready = False
+        self._store_id = ""
 
     @property
     def is_server(self) -> bool:
@@ -101,6 +122,28 @@ class QdrantVectorStore:
 
     def identity(self) -> str:
         return f"{self.describe()} {self.collection}"
+
+    def location(self) -> str:
+        return self.identity()
+
+    async def store_id(self) -> str:
+        await self.ensure_collection()
+        return self._store_id
+
+    async def count(self) -> int:
+        await self.ensure_collection()
+        try:
+            return int((await self._connect().count(self.collection, exact=True)).count)
+        except Exception as exc:
+            raise self._unavailable("count", exc) from exc
+
+    async def recreate(self) -> None:
+        try:
+            await self._connect().delete_collection(self.collection)
+        except Exception as exc:
+            raise self._unavailable("recreate", exc) from exc
+        self._collection_ready = False
+        await self.ensure_collection()
 
     def _connect(self) -> AsyncQdrantClient:
         if self._client is None:
@@ -139,6 +182,7 @@ class QdrantVectorStore:
                         size=self.dimensions, distance=qm.Distance.COSINE
                     ),
                     replication_factor=self._replication_factor if self.is_server else None,
+                    metadata={STORE_ID_KEY: uuid.uuid4().hex},
                 )
                 if self.is_server:
                     # Payload indexes matter to a server's filtered HNSW search;
@@ -157,6 +201,8 @@ class QdrantVectorStore:
                 f"collection {self.collection!r} holds vectors of size {size!r}; the embedder "
                 f"makes {self.dimensions}, so point CAIRN_QDRANT_COLLECTION at another collection"
             )
+        marker = (info.config.metadata or {}).get(STORE_ID_KEY)
+        self._store_id = marker if isinstance(marker, str) else ""
         self._collection_ready = True
 
     async def upsert(self, org_id: str, points: Sequence[VectorPoint]) -> None:

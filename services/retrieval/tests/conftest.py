@@ -225,6 +225,23 @@ def start_private(
         running.process.stop()
 
 
+@pytest.fixture
+def start_in(service_env: dict[str, str]) -> Iterator[Callable[..., RunningRetrieval]]:
+    """Start a service on the embedded store in `base` (so one test can start
+    several, one after another, on the same folder); all stopped after."""
+    started: list[RunningRetrieval] = []
+
+    def start(base: Path, name: str, *, engine: str = "edge", **extra: str) -> RunningRetrieval:
+        running = start_retrieval(service_env, base, name, engine=engine, **extra)
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        running.client.close()
+        running.process.stop()
+
+
 @dataclass(frozen=True)
 class Org:
     """Tokens for one fresh org."""
