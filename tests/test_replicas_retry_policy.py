@@ -5,6 +5,7 @@ said it itself; calls spread round robin over a target's addresses."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,8 +22,8 @@ from cairn.tools.v1 import tools_pb2
 from cairn_libs.clients import channel, dial_target
 from cairn_libs.errors import ConfigurationError, DependencyUnavailable
 from cairn_libs.server import to_rpc_status
-from cairn_libs.service_config import MAX_ATTEMPTS, NOT_RETRIED, RETRY_SAFE
-from cairn_libs.stack import free_port, replica_target
+from cairn_libs.service_config import MAX_ATTEMPTS, NOT_RETRIED, RETRY_SAFE, service_config
+from cairn_libs.stack import REPO_ROOT, free_port, replica_target
 
 RECALL = "/cairn.memory.v1.MemoryService/Recall"
 START_RUN = "/cairn.orchestrator.v1.OrchestratorService/StartRun"
@@ -147,3 +148,11 @@ def test_a_plain_address_list_is_dialled_as_ipv4_and_a_hostname_list_is_refused(
     assert dial_target("127.0.0.1:50051") == "127.0.0.1:50051"
     with pytest.raises(ConfigurationError, match="dns:///"):
         dial_target("gateway-0:50051,gateway-1:50051")
+
+
+def test_the_rest_proxy_dials_with_the_same_service_config() -> None:
+    # The proxy embeds this file (services/restproxy/proxy.go); rewrite it with
+    # `python -c "import json; from cairn_libs.service_config import service_config;
+    # print(json.dumps(service_config(), indent=2))" > services/restproxy/service_config.json`.
+    written = json.loads((REPO_ROOT / "services" / "restproxy" / "service_config.json").read_text())
+    assert written == service_config()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	_ "embed"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -25,11 +26,34 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/protobuf/encoding/protojson"
 )
 
-// roundRobin spreads calls over every address a dns:/// target resolves to.
-const roundRobin = `{"loadBalancingConfig":[{"round_robin":{}}]}`
+// serviceConfig is every cairn client's: round robin over the target's addresses,
+// and UNAVAILABLE retried on the RPCs where that is safe. It is written from
+// libs/cairn_libs/service_config.py, which says which RPCs and why; a test there
+// fails when the two differ.
+//
+//go:embed service_config.json
+var serviceConfig string
+
+// fixedAddresses resolves a target that lists its replicas (`ipv4:a:p,b:p`, or a
+// plain `a:p,b:p`, as the local stack starts them): gRPC-Go has no ipv4 resolver.
+func fixedAddresses(name, addr string) (string, []grpc.DialOption) {
+	list := strings.TrimPrefix(addr, "ipv4:")
+	if list == addr && !strings.Contains(addr, ",") {
+		return dialTarget(addr), nil
+	}
+	r := manual.NewBuilderWithScheme("cairn-" + name)
+	var state resolver.State
+	for _, a := range strings.Split(list, ",") {
+		state.Addresses = append(state.Addresses, resolver.Address{Addr: strings.TrimSpace(a)})
+	}
+	r.InitialState(state)
+	return r.Scheme() + ":///" + name, []grpc.DialOption{grpc.WithResolvers(r)}
+}
 
 // backend is one service the proxy forwards to.
 type backend struct {
@@ -84,13 +108,14 @@ func dialBackends(s settings, tracing trace.TracerProvider, propagator propagati
 	}
 	backends := make([]backend, 0, len(targets))
 	for _, t := range targets {
-		conn, err := grpc.NewClient(dialTarget(t.addr),
+		target, resolvers := fixedAddresses(t.name, t.addr)
+		conn, err := grpc.NewClient(target, append(resolvers,
 			grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithDefaultServiceConfig(roundRobin),
+			grpc.WithDefaultServiceConfig(serviceConfig),
 			grpc.WithUnaryInterceptor(callDeadline(s.callTimeout)),
 			grpc.WithStatsHandler(otelgrpc.NewClientHandler(
 				otelgrpc.WithTracerProvider(tracing), otelgrpc.WithPropagators(propagator))),
-		)
+		)...)
 		if err != nil {
 			closeBackends(backends)
 			return nil, fmt.Errorf("dialling %s at %q: %w", t.name, t.addr, err)
