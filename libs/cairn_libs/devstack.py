@@ -150,12 +150,9 @@ def _start_restproxy(env: dict[str, str], issuer: TokenIssuer) -> ServiceProcess
     except httpx.HTTPError:
         pass
     build_restproxy()
-    # The proxy dials host:port or dns:/// targets; with replicas it reaches the first
-    # of each (loopback has no name that resolves to every replica's port).
-    addresses = {name: f"127.0.0.1:{port}" for name, port in PORTS.items()}
     proxy = start_restproxy(
         port=REST_PORT,
-        addresses=addresses,
+        addresses=TARGETS,
         env={**env, **_panel_env(issuer)},
         log_dir=STATE / "logs",
     )
