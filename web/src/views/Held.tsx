@@ -56,8 +56,9 @@ export function Held() {
     setConfirming(false);
     try {
       const r = await api.forget(subject);
-      setErased(r.erasure ?? null);
+      // what remains is read back before the erasure is announced
       await reload();
+      setErased(r.erasure ?? null);
     } catch (exc) {
       setError(asApiError(exc));
     }

@@ -1,5 +1,5 @@
 // Past runs: ListRuns with a state filter and paging; each reopens its trajectory.
-import { useEffect, useState } from "preact/hooks";
+import { useEffect, useRef, useState } from "preact/hooks";
 import type { Run, RunState } from "../api/types";
 import { ApiError, api } from "../client";
 import { formatDate, t } from "../i18n";
@@ -15,17 +15,22 @@ export function PastRuns({ onOpenRun }: { onOpenRun: (runId: string) => void }) 
   const [next, setNext] = useState("");
   const [error, setError] = useState<ApiError | null>(null);
   const [loading, setLoading] = useState(false);
+  // only the answer to the latest request is drawn: a slower page for the
+  // filter just left must not overwrite the one asked for now
+  const latest = useRef(0);
   const load = (pageToken: string, append: boolean) => {
+    const asked = ++latest.current;
     setLoading(true);
     setError(null);
     api
       .listRuns({ pageSize: PAGE, pageToken, state })
       .then((r) => {
+        if (asked !== latest.current) return;
         setRuns((current) => (append ? [...current, ...(r.runs ?? [])] : (r.runs ?? [])));
         setNext(r.nextPageToken ?? "");
       })
-      .catch((exc: unknown) => setError(asApiError(exc)))
-      .finally(() => setLoading(false));
+      .catch((exc: unknown) => asked === latest.current && setError(asApiError(exc)))
+      .finally(() => asked === latest.current && setLoading(false));
   };
   useEffect(() => load("", false), [state]);
   return (
