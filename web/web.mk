@@ -23,6 +23,8 @@ web: $(WEB_STAMP) ## build the web panel into web/dist (served by the REST proxy
 
 web-check: web ## fail when the panel's types are stale or it no longer type-checks against the protos
 
-chromium: ## Debian's chromium for the panel's end-to-end tests (as root)
-	@test -x /usr/bin/chromium || { apt-get update -q && DEBIAN_FRONTEND=noninteractive \
-	  apt-get install -y -q --no-install-recommends chromium; }
+# fonts-wqy-microhei: so the 简体中文 screenshots show characters, not boxes
+chromium: ## Debian's chromium (and a CJK font) for the panel's end-to-end tests (as root)
+	@test -x /usr/bin/chromium && test -d /usr/share/fonts/truetype/wqy || \
+	  { apt-get update -q && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -q --no-install-recommends chromium fonts-wqy-microhei; }
