@@ -20,6 +20,7 @@ from urllib.parse import parse_qs, urlencode, urlparse
 
 import pytest
 
+from cairn_libs.identity import TokenIssuer, generate_dev_keypair
 from cairn_libs.stack import build_restproxy, free_port, start_restproxy, wait_for_http
 from tests.conftest import Stack
 from tests.panel_support import built_panel, chromium, panel_page
@@ -181,3 +182,42 @@ def test_a_deployment_signs_in_with_pkce_and_keeps_the_token_only_in_memory(
         panel.page.get_by_role("button", name="Sign in with your organisation").wait_for()
         assert panel.page.get_by_test_id("signed-in-as").count() == 0
         assert panel.page_errors == []
+
+
+def test_a_token_the_services_refuse_returns_to_the_sign_in_with_their_message(
+    stack: Stack, tmp_path: Path
+) -> None:
+    forger = TokenIssuer.from_file(generate_dev_keypair(tmp_path / "other-key")[0])
+    forged = forger.caller_token(org_id=stack.org, user_id="mallory", roles=["manager"])
+    identities = tmp_path / "dev-identities.json"
+    identities.write_text(
+        json.dumps([{"id": "mallory", "title": "Mallory (forged)", "roles": [], "token": forged}])
+    )
+    build_restproxy()
+    port = free_port()
+    process = start_restproxy(
+        port=port,
+        addresses=stack.addresses,
+        env={
+            "CAIRN_PANEL_DIR": str(built_panel()),
+            "CAIRN_PANEL_DEV_IDENTITIES_FILE": str(identities),
+            "CAIRN_SHUTDOWN_GRACE_SECONDS": "1",
+        },
+        log_dir=tmp_path / "logs",
+    )
+    try:
+        wait_for_http(process)
+        with chromium() as browser, panel_page(browser, f"http://127.0.0.1:{port}") as panel:
+            panel.goto("/")
+            panel.page.get_by_role("button", name="Sign in as Mallory (forged)").click()
+            # ListAgents is refused UNAUTHENTICATED: back to the sign-in, saying why
+            notice = panel.page.get_by_role("status").filter(has_text="You were signed out")
+            notice.wait_for()
+            assert notice.locator(".service-message").inner_text().strip()
+            assert panel.page.get_by_test_id("signed-in-as").count() == 0
+            assert (
+                "Traceback" not in panel.visible_text() and "TypeError" not in panel.visible_text()
+            )
+            assert panel.page_errors == []
+    finally:
+        process.stop()
