@@ -58,6 +58,7 @@ gen: $(STAMP) go-tools ## generate Python and Go code (and the OpenAPI) from pro
 	mkdir -p $(OPENAPI)
 	$(call protoc_go,gen/go,$(OPENAPI))
 	cd gen/go && go mod tidy
+	$(MAKE) --no-print-directory web-gen
 
 gen-check: $(STAMP) ## fail when gen/python is stale against protos/
 	rm -rf build/gen-check && mkdir -p build/gen-check
