@@ -47,7 +47,7 @@ LANES = 6
 # renewal; a survivor's upkeep (every third of a lease) then ends the run.
 ENDED_WITHIN_SECONDS = LEASE_SECONDS * 2
 STOPPED_REASON = "the orchestrator stopped while this run was working"
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")

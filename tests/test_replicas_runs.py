@@ -18,6 +18,9 @@ from cairn_libs.clients import call_metadata, channel
 from cairn_libs.stack import SCRIBE_AGENT
 from tests.replicas_support import ReplicaStack, shared_replica_stack
 
+# The first module to use the shared stack starts its twelve processes.
+pytestmark = pytest.mark.timeout(300)
+
 
 @pytest.fixture(scope="module")
 def replicas(

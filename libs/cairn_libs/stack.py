@@ -258,7 +258,11 @@ def write_agent_setup(base: Path, *, offline_url: str, scripted_url: str) -> dic
     agents = base / "agents"
     agents.mkdir(parents=True, exist_ok=True)
     for spec in (REPO_ROOT / "agents").glob("*.yaml"):
-        (agents / spec.name).write_text(spec.read_text())
+        text = spec.read_text()
+        # An agent with tool sources needs their systems running (the demo people
+        # directory); without them every orchestrator start waits out the listing.
+        if "tool_sources:" not in text:
+            (agents / spec.name).write_text(text)
     (agents / "scribe.yaml").write_text(_SCRIBE_SPEC)
     config = base / "providers.yaml"
     config.write_text(
