@@ -23,7 +23,7 @@ from cairn_libs.clients import channel, dial_target
 from cairn_libs.errors import ConfigurationError, DependencyUnavailable
 from cairn_libs.server import to_rpc_status
 from cairn_libs.service_config import MAX_ATTEMPTS, NOT_RETRIED, RETRY_SAFE, service_config
-from cairn_libs.stack import REPO_ROOT, free_port, replica_target
+from cairn_libs.stack import REPO_ROOT, free_port, replica_target, replicas_setting
 
 RECALL = "/cairn.memory.v1.MemoryService/Recall"
 START_RUN = "/cairn.orchestrator.v1.OrchestratorService/StartRun"
@@ -156,3 +156,13 @@ def test_the_rest_proxy_dials_with_the_same_service_config() -> None:
     # print(json.dumps(service_config(), indent=2))" > services/restproxy/service_config.json`.
     written = json.loads((REPO_ROOT / "services" / "restproxy" / "service_config.json").read_text())
     assert written == service_config()
+
+
+def test_the_replicas_setting_is_a_count_from_1_to_16_and_says_so_otherwise() -> None:
+    assert replicas_setting({}) == 1
+    assert replicas_setting({"CAIRN_REPLICAS": "3"}) == 3
+    for bad in ("0", "17", "three", "-1"):
+        with pytest.raises(ConfigurationError, match=f"CAIRN_REPLICAS={bad!r}"):
+            replicas_setting({"CAIRN_REPLICAS": bad})
+    assert replica_target(["127.0.0.1:1"]) == "127.0.0.1:1"
+    assert replica_target(["127.0.0.1:1", "127.0.0.1:2"]) == "ipv4:127.0.0.1:1,127.0.0.1:2"
