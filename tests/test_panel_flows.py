@@ -123,6 +123,42 @@ def test_maria_sees_the_managers_only_bonus_citation_and_opens_its_text(panel: P
     _accessible(panel, "citation-document")
 
 
+def test_a_follow_up_goes_in_the_same_conversation_with_the_earlier_turns(
+    panel: PanelPage, stack: Stack
+) -> None:
+    started: list[dict[str, Any]] = []
+    panel.page.on(
+        "request",
+        lambda r: (
+            started.append(r.post_data_json)
+            if r.method == "POST" and r.url.endswith("/v1/runs")
+            else None
+        ),
+    )
+    panel.sign_in_as("Maria (manager)")
+    panel.ask("How many days of leave do I get?")
+    panel.wait_for_state("RUN_STATE_COMPLETED")
+    first_run = str(panel.page.get_by_test_id("run").get_attribute("data-run-id"))
+    first_answer = panel.page.get_by_test_id("answer").locator("p").inner_text()
+    panel.ask("And how many carry over?")
+    panel.page.wait_for_function(
+        f"() => document.querySelector('[data-testid=run]')?.dataset.runId !== {first_run!r}"
+    )
+    panel.wait_for_state("RUN_STATE_COMPLETED")
+    second_run = str(panel.page.get_by_test_id("run").get_attribute("data-run-id"))
+    assert [r["language"] for r in started] == ["en", "en"]
+    assert started[0]["conversationId"] == started[1]["conversationId"]
+    assert started[0]["messages"] == []
+    assert started[1]["messages"] == [
+        {"role": "TURN_ROLE_USER", "content": "How many days of leave do I get?"},
+        {"role": "TURN_ROLE_ASSISTANT", "content": first_answer},
+    ]
+    token = stack.token("maria", ["manager"])
+    runs = [_grpc_run(stack, token, r) for r in (first_run, second_run)]
+    assert runs[0].conversation_id == runs[1].conversation_id == started[0]["conversationId"]
+    assert panel.page.get_by_role("heading", name="This conversation").count() == 1
+
+
 def test_tom_asks_the_same_and_nothing_of_the_managers_chapter_appears_anywhere(
     panel: PanelPage,
 ) -> None:
