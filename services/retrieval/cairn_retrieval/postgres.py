@@ -30,6 +30,7 @@ from cairn_libs.db import CONNECTION_ERRORS, Database, vector_literal
 from cairn_retrieval import bm25 as okapi
 from cairn_retrieval.domain import ChunkRecord, PreparedDocument, SourceCounts, StoredDocument
 from cairn_retrieval.errors import DatabaseUnavailable
+from cairn_retrieval.tokens import TITLE_PREFIX
 
 # Every way a database that is down, restarting or overloaded shows itself: the
 # shared list (which includes the InternalClientError of a restart mid-protocol),
@@ -675,6 +676,8 @@ class ChunkStore:
             scored AS (
                 SELECT h.chunk_no,
                        sum(ln(1 + (s.n - d.df + 0.5) / (d.df + 0.5))
+                           * CASE WHEN starts_with(h.term, ${n + 6}) THEN ${n + 7}::float8
+                                  ELSE 1 END
                            * h.tf * (${n + 3}::float8 + 1)
                            / (h.tf + ${n + 3}::float8
                               * (1 - ${n + 4}::float8
@@ -692,7 +695,15 @@ class ChunkStore:
             async with self._db.pool.acquire() as conn, conn.transaction(readonly=True):
                 await conn.execute(_CUSTOM_PLANS)
                 rows = await conn.fetch(
-                    sql, *params, predicate.org_id, list(terms), okapi.BM25_K1, okapi.BM25_B, limit
+                    sql,
+                    *params,
+                    predicate.org_id,
+                    list(terms),
+                    okapi.BM25_K1,
+                    okapi.BM25_B,
+                    limit,
+                    TITLE_PREFIX,
+                    okapi.TITLE_WEIGHT,
                 )
         return [(r["chunk_id"], float(r["score"])) for r in rows]
 

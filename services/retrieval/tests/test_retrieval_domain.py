@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from cairn_libs.errors import DENIAL_MESSAGE, status_for
 from cairn_libs.identity import Principal
+from cairn_retrieval import bm25
 from cairn_retrieval.chunking import chunk_text, estimated_tokens
 from cairn_retrieval.domain import (
     DEFAULT_K,
@@ -383,3 +384,13 @@ def test_every_retrieval_error_maps_to_its_status_code(
 
 def test_a_document_not_found_reads_as_the_one_denial_with_the_not_found_code() -> None:
     assert status_for(DocumentNotFound()) == (grpc.StatusCode.NOT_FOUND, DENIAL_MESSAGE)
+
+
+def test_a_title_term_weighs_a_fixed_share_of_a_text_term_with_the_same_df() -> None:
+    stats = bm25.VisibleStatistics(
+        chunks=100, total_length=1000, document_frequencies={"leav": 5, "title:leav": 5}
+    )
+    text, title = bm25.term_weights(stats)
+    assert (text.term, title.term) == ("leav", "title:leav")
+    assert title.idf == pytest.approx(text.idf * bm25.TITLE_WEIGHT)
+    assert 0 < bm25.TITLE_WEIGHT < 1

@@ -514,3 +514,28 @@ def test_a_mode_the_contract_does_not_define_is_refused_at_the_door(
         keyword_retrieval.client.search(org.reader(), "vpn", ["handbook"], mode=7)  # type: ignore[arg-type]
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "mode is 7" in (caught.value.details() or "")
+
+
+def test_a_word_only_in_the_title_is_found_by_both_halves(
+    retrieval: RunningRetrieval, org: Org
+) -> None:
+    text = "Twenty weeks are paid in full; tell your manager three months ahead."
+    retrieval.client.ingest(
+        org.ingester(),
+        [
+            document("titled", text, title="Parental leave", groups=["staff"]),
+            document("untitled", text, title="Section 7", groups=["staff"]),
+        ],
+    )
+    reader = org.reader(groups=["staff"])
+
+    keyword = retrieval.client.search(
+        reader, "parental", ["handbook"], mode=MODES.SEARCH_MODE_KEYWORD_ONLY
+    )
+    dense = retrieval.client.search(
+        reader, "parental leave", ["handbook"], mode=MODES.SEARCH_MODE_DENSE_ONLY
+    )
+
+    assert [r.document_id for r in keyword.results] == ["titled"]
+    assert [r.document_id for r in dense.results] == ["titled", "untitled"]
+    assert dense.results[0].dense_score > dense.results[1].dense_score
