@@ -67,7 +67,13 @@ from cairn_libs.embedding import LOCAL_DIMENSIONS, LocalOnnxEmbedder
 from cairn_libs.identity import Principal
 from cairn_libs.stack import start_embedded_postgres
 from cairn_retrieval.app import MIGRATIONS, SCHEMA
-from cairn_retrieval.domain import DocumentAcl, IncomingDocument, Outcome, rank
+from cairn_retrieval.domain import (
+    DocumentAcl,
+    IncomingDocument,
+    Outcome,
+    document_id_of_chunk,
+    rank,
+)
 from cairn_retrieval.edge_store import EdgeVectorStore
 from cairn_retrieval.html_text import html_to_page
 from cairn_retrieval.ingest import Ingestor
@@ -609,7 +615,7 @@ async def _ingest_throughput(
 def _page_ranks(chunk_ids: Sequence[str]) -> list[str]:
     pages: list[str] = []
     for chunk_id in chunk_ids:
-        page = chunk_id.split("#", 1)[0]
+        page = document_id_of_chunk(chunk_id)
         if page not in pages:
             pages.append(page)
     return pages
