@@ -27,6 +27,7 @@ RESULTS = Path(__file__).parent / "results.json"
 SUITES = {
     "gateway": "bench.gateway_overhead:run_gateway_overhead",
     "retrieval": "bench.retrieval_search:run_retrieval",
+    "quality": "bench.retrieval_quality:run_quality",
     "memory": "bench.memory_recall:run_memory",
     "run": "bench.run_latency:run_orchestration",
     "cancel": "bench.run_cancel:run_cancel",
