@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
-from playwright.sync_api import Browser, expect
+from playwright.sync_api import Browser, Request, expect
 
 from cairn.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from cairn_libs.clients import call_metadata
@@ -127,14 +127,12 @@ def test_a_follow_up_goes_in_the_same_conversation_with_the_earlier_turns(
     panel: PanelPage, stack: Stack
 ) -> None:
     started: list[dict[str, Any]] = []
-    panel.page.on(
-        "request",
-        lambda r: (
-            started.append(r.post_data_json)
-            if r.method == "POST" and r.url.endswith("/v1/runs")
-            else None
-        ),
-    )
+
+    def record(request: Request) -> None:
+        if request.method == "POST" and request.url.endswith("/v1/runs"):
+            started.append(request.post_data_json)
+
+    panel.page.on("request", record)
     panel.sign_in_as("Maria (manager)")
     panel.ask("How many days of leave do I get?")
     panel.wait_for_state("RUN_STATE_COMPLETED")
