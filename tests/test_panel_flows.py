@@ -130,7 +130,7 @@ def test_a_follow_up_goes_in_the_same_conversation_with_the_earlier_turns(
 
     def record(request: Request) -> None:
         if request.method == "POST" and request.url.endswith("/v1/runs"):
-            started.append(request.post_data_json)
+            started.append(request.post_data_json or {})
 
     panel.page.on("request", record)
     panel.sign_in_as("Maria (manager)")
