@@ -34,6 +34,7 @@ SUITES = {
     "rest": "bench.restproxy:run_restproxy",
     "replicas": "bench.replicas:run_replicas",
     "tools": "bench.tool_sources:run_tool_sources",
+    "panel": "bench.panel:run_panel",
 }
 
 
