@@ -131,6 +131,12 @@ from cairn_orchestrator.ports import (
     RunStore,
     SystemClock,
 )
+from cairn_orchestrator.remote import (
+    PrefetchedSearch,
+    RunSearches,
+    reused_searches,
+    run_searches,
+)
 from cairn_orchestrator.tools import ToolCallOutcome, ToolContext, ToolRegistry, dispatch, refused
 
 T = TypeVar("T")
@@ -660,6 +666,12 @@ class RunLoop:
         self, scope: _RunScope, *, question: str, earlier: Sequence[ConversationTurn]
     ) -> LoopState:
         book = LabelBook()
+        # Shared with the retrieval door for the rest of this run (this task and the
+        # tasks it starts): a search_knowledge call with the question reuses the prefetch.
+        searches = RunSearches()
+        run_searches.set(searches)
+        # Recall and prefetch need nothing from each other: they run at once. Their
+        # steps are recorded in a fixed order (memory, retrieval, conversation).
         (
             (memory_step, memories),
             (knowledge_step, knowledge),
@@ -668,7 +680,7 @@ class RunLoop:
             scope,
             asyncio.gather(
                 self._read_memory(scope, question),
-                self._prefetch_knowledge(scope, question, book),
+                self._prefetch_knowledge(scope, question, book, searches),
                 self._compact_conversation(scope, earlier),
             ),
         )
@@ -756,7 +768,7 @@ class RunLoop:
         return replace(record, copies=compacted.copies), compacted.lines
 
     async def _prefetch_knowledge(
-        self, scope: _RunScope, question: str, book: LabelBook
+        self, scope: _RunScope, question: str, book: LabelBook, searches: RunSearches
     ) -> tuple[StepRecord | None, tuple[LabelledChunk, ...]]:
         sources = scope.spec.sources
         if not sources:
@@ -783,6 +795,13 @@ class RunLoop:
                 except DependencyFailed as exc:
                     error = ErrorValue(f"retrieval.{exc.status_code.lower()}", exc.message)
                 else:
+                    searches.prefetched = PrefetchedSearch(
+                        query=question,
+                        sources=tuple(sources),
+                        k=k,
+                        credentials=scope.credentials,
+                        outcome=outcome,
+                    )
                     labelled = tuple(book.label(chunk) for chunk in outcome.results)
                     detail |= {"mode": outcome.mode, "mode_reason": outcome.mode_reason}
             detail |= {"count": len(labelled), "results": [_result_detail(e) for e in labelled]}
@@ -1087,14 +1106,22 @@ class RunLoop:
         }
         with self._span(f"execute_tool {call.name}", scope, attributes) as span:
             started = self._clock.now()
-            if planned.refusal is not None:
-                outcome = refused(call, planned.refusal)
-            else:
-                outcome = await dispatch(self._registry, call, context)
+            # Searches this call had answered from the run's prefetch (remote.py).
+            reused: list[str] = []
+            marked = reused_searches.set(reused)
+            try:
+                if planned.refusal is not None:
+                    outcome = refused(call, planned.refusal)
+                else:
+                    outcome = await dispatch(self._registry, call, context)
+            finally:
+                reused_searches.reset(marked)
             _mark(span, outcome.error)
-        record = self._step(
-            StepKind.TOOL_CALL, call.name, span, started, outcome.detail(), outcome.error
-        )
+            detail = outcome.detail()
+            if reused:
+                span.set_attribute("cairn.reused_prefetch", True)
+                detail = {**detail, "reused_prefetch": True}
+        record = self._step(StepKind.TOOL_CALL, call.name, span, started, detail, outcome.error)
         return outcome, replace(record, copies=outcome.copies)
 
     # ------------------------------------------------------------ recording

@@ -5,12 +5,20 @@ Every call carries the caller's own token for authorization and the run's actor
 token for provenance (DESIGN §5, I1). Any gRPC failure becomes DependencyFailed
 naming the service and status, so the loop can record it as data (I11).
 Channels are opened lazily, inside the running event loop, on first use.
+
+No repeated work in a run: the loop shares the run's knowledge prefetch with this
+door (`run_searches`, a context variable the run's task sets), and a search with
+the same query, sources and credentials, for no more results, is answered from it
+instead of reaching retrieval again; the call that was is marked in
+`reused_searches`, so its step can say so.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -225,6 +233,57 @@ class GatewayClient:
 # ---------------------------------------------------------------- retrieval
 
 
+@dataclass(frozen=True, slots=True)
+class PrefetchedSearch:
+    """A search a run has already made (its knowledge prefetch) and what it found."""
+
+    query: str
+    sources: tuple[str, ...]
+    k: int
+    credentials: CallCredentials
+    outcome: SearchOutcome
+
+    def answer(
+        self, *, query: str, sources: Sequence[str], k: int, credentials: CallCredentials
+    ) -> SearchOutcome | None:
+        """The same search again (same query, sources and caller, I1/I7), for at most
+        as many results, is answered from this one; anything else is None."""
+        if (
+            query != self.query
+            or tuple(sources) != self.sources
+            or k > self.k
+            or credentials != self.credentials
+        ):
+            return None
+        return replace(self.outcome, results=self.outcome.results[:k])
+
+
+@dataclass(slots=True)
+class RunSearches:
+    """The searches one run shares with this door; the loop fills in the prefetch."""
+
+    prefetched: PrefetchedSearch | None = None
+
+
+run_searches: ContextVar[RunSearches | None] = ContextVar("cairn_run_searches", default=None)
+# Set by the loop around one tool call; a search answered from the prefetch adds its query.
+reused_searches: ContextVar[list[str] | None] = ContextVar("cairn_reused_searches", default=None)
+
+
+def _reused(
+    *, query: str, sources: Sequence[str], k: int, credentials: CallCredentials
+) -> SearchOutcome | None:
+    searches = run_searches.get()
+    if searches is None or searches.prefetched is None:
+        return None
+    outcome = searches.prefetched.answer(query=query, sources=sources, k=k, credentials=credentials)
+    if outcome is not None:
+        marks = reused_searches.get()
+        if marks is not None:
+            marks.append(query)
+    return outcome
+
+
 def search_outcome_from_proto(response: retrieval_pb2.SearchResponse) -> SearchOutcome:
     return SearchOutcome(
         results=tuple(
@@ -260,6 +319,9 @@ class RetrievalClient:
         credentials: CallCredentials,
         deadline_seconds: float,
     ) -> SearchOutcome:
+        reused = _reused(query=query, sources=sources, k=k, credentials=credentials)
+        if reused is not None:
+            return reused
         stub = retrieval_pb2_grpc.RetrievalServiceStub(self._channel.get())
         try:
             response = await stub.Search(
