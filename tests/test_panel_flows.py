@@ -211,6 +211,10 @@ def test_tom_approves_a_memory_then_sees_it_held_with_provenance_and_erases_it(
     assert panel.wait_for_state("RUN_STATE_COMPLETED") == "RUN_STATE_COMPLETED"
     assert panel.page.url.endswith(f"/runs/{run_id}")
     assert "Noted: I will remember" in panel.page.get_by_test_id("answer").inner_text()
+    # the approved run is a turn of the conversation, so a follow-up carries it
+    panel.page.get_by_role("link", name="Ask").click()
+    conversation = panel.page.locator("section.conversation")
+    assert "Noted: I will remember your seat preference." in conversation.inner_text()
     timeline = panel.page.get_by_test_id("timeline")
     assert timeline.locator("[data-step='STEP_KIND_CONFIRMATION_RESOLVED']").count() == 1
     assert timeline.locator("[data-step='STEP_KIND_TOOL_CALL']").count() >= 1

@@ -195,7 +195,17 @@ export async function resolve(runId: string, confirmationToken: string, decision
   follow(runId);
   try {
     const { run } = await api.resolve(confirmationToken, { decision, note: "" });
-    if (run) settle(runId, run);
+    if (run) {
+      settle(runId, run);
+      // a run of this conversation that waited for the card now has its turn
+      const conv = conversation.value;
+      if (run.answer && conv.runIds.includes(runId)) {
+        conversation.value = {
+          ...conv,
+          turns: [...conv.turns, { role: "TURN_ROLE_USER", content: run.input ?? "" }, { role: "TURN_ROLE_ASSISTANT", content: run.answer }],
+        };
+      }
+    }
     return null;
   } catch (exc) {
     const error = asApiError(exc);
