@@ -134,7 +134,10 @@ def test_a_service_whose_migration_was_edited_exits_2_with_one_line_naming_it(
 
     asyncio.run(tamper())
     second = start_service("gateway", port=free_port(), env=env, log_dir=tmp_path, suffix="-2")
-    assert second.process.wait(timeout=60) == 2
+    try:
+        assert second.process.wait(timeout=60) == 2
+    finally:
+        second.stop()  # a gateway that did not refuse must not outlive the test
     lines = [json.loads(line) for line in second.log_text().splitlines() if line.startswith("{")]
     refused = [line for line in lines if line.get("event") == "service.config_invalid"]
     assert len(refused) == 1
