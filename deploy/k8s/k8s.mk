@@ -6,5 +6,5 @@ k8s-verify: ## a real kube-apiserver 1.34 on etcd: apply the CNPG CRDs, then eac
 	bash deploy/k8s/verify/verify.sh
 
 .PHONY: images
-images: $(STAMP) ## build every service's image with buildah (vfs, chroot) on mmdebstrap bases into build/images/*.oci.tar; run the gateway from its image
+images: $(STAMP) web ## build every service's image with buildah (vfs, chroot) on mmdebstrap bases into build/images/*.oci.tar; run the gateway from its image
 	bash deploy/k8s/images/images.sh
