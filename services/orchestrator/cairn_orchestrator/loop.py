@@ -12,7 +12,9 @@ Each step runs under its own span (children of `invoke_agent {agent}`) and is
 stored with that span's id. Failures of memory, retrieval and tools are recorded
 as data and the run goes on (I3, I11); a failed model call ends the run FAILED
 with the reason. After every step the loop state is persisted, so `_drive` can be
-entered again from any phase.
+entered again from any phase. That write goes on behind the run (the next step
+does not need it): writes stay in order, and ending the run, asking a person or
+carrying out a write first waits for them (`_record_many`, `_written`).
 
 Writes (I4). Reads the model asks for in a turn run first, concurrently; each
 write of that turn then waits for its person: the run stops at
@@ -223,6 +225,9 @@ class RunLoop:
         # or on another replica, which the watcher finds in the run's state).
         self._cancels: dict[str, asyncio.Event] = {}
         self._watcher: asyncio.Task[None] | None = None
+        # Per run, the last step write in flight (each waits for the one before it).
+        self._writes: dict[str, asyncio.Task[None]] = {}
+        self._write_tasks: set[asyncio.Task[None]] = set()
 
     def active_run_ids(self) -> tuple[str, ...]:
         """The runs this process is driving right now (their leases are renewed)."""
@@ -235,6 +240,9 @@ class RunLoop:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # Writes still in flight land before the leases are given up (a step write
+        # extends its run's lease).
+        await asyncio.gather(*self._write_tasks, return_exceptions=True)
         if self._watcher is not None:
             self._watcher.cancel()
             await asyncio.gather(self._watcher, return_exceptions=True)
@@ -253,6 +261,11 @@ class RunLoop:
 
     def _release(self, run_id: str) -> None:
         self._cancels.pop(run_id, None)
+        write = self._writes.pop(run_id, None)
+        if write is not None:
+            # A run that ended by an error with a write still in flight: the write
+            # finishes (or fails) on its own; its outcome is observed, not lost.
+            write.add_done_callback(_observe_write)
         if run_id not in self._unsettled:
             self._active.discard(run_id)
 
@@ -449,11 +462,21 @@ class RunLoop:
         steps (the call cut short), give up the lease, and answer with the run."""
         confirmations = self._confirmations
         run_id = scope.run.run_id
-        log.info("run.cancelled", steps=len(cancelled.steps))
+        # Steps whose write was still waiting or refused because of the cancel come
+        # first, in the order they happened.
+        earlier: tuple[StepRecord, ...] = ()
+        try:
+            await self._written(scope)
+        except RunCancelled as exc:
+            earlier = exc.steps
+        except (RunTakenOver, StoreUnavailable):
+            pass
+        steps = (*earlier, *cancelled.steps)
+        log.info("run.cancelled", steps=len(steps))
         if confirmations is not None:
             try:
                 await confirmations.record_cancelled(
-                    org_id=scope.run.org_id, run_id=run_id, steps=cancelled.steps
+                    org_id=scope.run.org_id, run_id=run_id, steps=steps
                 )
             except StoreUnavailable:
                 log.warning("run.cancelled_steps_not_recorded")
@@ -616,6 +639,7 @@ class RunLoop:
         }
         with self._span(f"execute_tool {call.name}", scope, attributes) as span:
             started = self._clock.now()
+            await self._written(scope)
             begun = await confirmations.begin_write(
                 org_id=scope.run.org_id, run_id=scope.run.run_id, token=confirmation.token
             )
@@ -959,6 +983,7 @@ class RunLoop:
             )
             await self._record(scope, record, state)
             return state
+        await self._written(scope)
         at_rest = replace(state, carried_confirmation=True, active_seconds=self._elapsed(scope))
         step = replace(
             self._step(StepKind.CONFIRMATION_REQUESTED, call.name, span, started, {}, None),
@@ -1178,14 +1203,47 @@ class RunLoop:
     async def _record_many(
         self, scope: _RunScope, records: Sequence[StepRecord], state: LoopState | None
     ) -> None:
-        """Steps that finished together, in one write (with the state after them)."""
+        """Steps that finished together, in one write (with the state after them).
+
+        The write goes on behind the run: the next step does not need it stored to
+        begin (the model call does not read the memory step's row), so it starts at
+        once. Writes of a run stay in order (each waits for the one before it), and
+        whatever must see them stored (ending the run, asking a person, carrying out
+        a write) waits for them first (`_written`), which is also where a failed
+        write (store away, run taken over or cancelled) stops the run."""
         if not records:
             return
-        await self._store.record_steps(
-            org_id=scope.run.org_id, run_id=scope.run.run_id, steps=records, loop_state=state
-        )
+        run_id = scope.run.run_id
+        previous = self._writes.get(run_id)
+        write = asyncio.create_task(self._write_after(previous, scope, tuple(records), state))
+        self._writes[run_id] = write
+        self._write_tasks.add(write)
+        write.add_done_callback(self._write_tasks.discard)
+
+    async def _write_after(
+        self,
+        previous: asyncio.Task[None] | None,
+        scope: _RunScope,
+        records: tuple[StepRecord, ...],
+        state: LoopState | None,
+    ) -> None:
+        try:
+            if previous is not None:
+                await previous
+            await self._store.record_steps(
+                org_id=scope.run.org_id, run_id=scope.run.run_id, steps=records, loop_state=state
+            )
+        except RunCancelled as exc:
+            # Not stored because a person cancelled the run: they are its last steps.
+            raise RunCancelled(scope.run.run_id, steps=(*exc.steps, *records)) from None
         self.signals.changed(scope.run.run_id)
         _log_step_errors(records)
+
+    async def _written(self, scope: _RunScope) -> None:
+        """Wait until every step recorded so far is stored; raise what stopped it."""
+        write = self._writes.pop(scope.run.run_id, None)
+        if write is not None:
+            await write
 
     async def _finish(
         self,
@@ -1199,6 +1257,7 @@ class RunLoop:
         steps: Sequence[StepRecord] = (),
     ) -> Run:
         """End the run; `steps` that ended it are written in the same statement."""
+        await self._written(scope)
         usage = state.usage if state is not None else scope.run.usage
         finished = await self._store.finish_run(
             org_id=scope.run.org_id,
@@ -1268,6 +1327,15 @@ def _run_trace_context(run: Run) -> otel_context.Context | None:
         trace_flags=TraceFlags(TraceFlags.SAMPLED),
     )
     return trace.set_span_in_context(NonRecordingSpan(root))
+
+
+def _observe_write(task: asyncio.Task[None]) -> None:
+    """A step write nobody waited for any more (its run ended by an error first)."""
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is not None:
+        log.warning("run.steps_not_recorded", error=type(error).__name__)
 
 
 def _observe(task: asyncio.Task[Run]) -> None:
