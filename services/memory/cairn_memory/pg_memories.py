@@ -34,19 +34,26 @@ SEMANTIC_SETTINGS: Final = (
 
 
 def semantic_recall_sql(subject: Subject | None, *, exact: bool = False) -> str:
-    """The nearest recallable memories. `exact` orders by an expression the HNSW
-    index cannot serve (distance + 0), so PostgreSQL computes every candidate's
-    distance: complete and exact, and slow for a large org."""
+    """The nearest recallable memories. The nearest ids are chosen from the indexed
+    columns alone (the HNSW graph, or for a small org an index-only scan of its
+    covering btree, migration 0006: the planner picks by the org's size), then their
+    rows are read. `exact` orders by an expression the HNSW index cannot serve
+    (distance + 0), so every candidate's distance is computed: complete and exact."""
     subject_clause, _ = subject_filter(subject, first=5)
-    # The index is over half-precision copies (migration 0003); ranking and score use
-    # the same expression so the order and the scores agree.
-    distance = "embedding::halfvec(384) <=> $3::halfvec(384)"
+    # Ranking and score use the same half-precision distance, so order and scores agree.
+    distance = "embedding_half <=> $3::halfvec(384)"
     return f"""
-        SELECT {MEMORY_COLUMNS}, 1 - ({distance}) AS score
-        FROM memories
-        WHERE {RECALLABLE} AND embedding IS NOT NULL {subject_clause}
-        ORDER BY {f"({distance}) + 0" if exact else distance}
-        LIMIT $4
+        WITH nearest AS (
+            SELECT memory_id, {distance} AS distance
+            FROM memories
+            WHERE {RECALLABLE} AND embedding IS NOT NULL {subject_clause}
+            ORDER BY {f"({distance}) + 0" if exact else distance}
+            LIMIT $4
+        )
+        SELECT {MEMORY_COLUMNS}, 1 - nearest.distance AS score
+        FROM nearest JOIN memories USING (memory_id)
+        WHERE memories.org_id = $1
+        ORDER BY nearest.distance, memories.memory_id
     """
 
 
