@@ -177,6 +177,13 @@ class LoopSettings:
     cancel_poll_seconds: float = 0.25
 
 
+# What recall and the prefetch found, each with its step (None: not asked for).
+_OpeningReads = tuple[
+    tuple[StepRecord | None, tuple[RecalledMemory, ...]],
+    tuple[StepRecord | None, tuple[LabelledChunk, ...]],
+]
+
+
 @dataclass(frozen=True, slots=True)
 class _RunScope:
     """What every step of one run shares."""
@@ -385,40 +392,78 @@ class RunLoop:
             bound_run(run_id),
         ):
             started = self._clock.now()
-            run = await self._store.create_run(
-                run_id=run_id,
-                org_id=caller.principal.org_id,
-                user_id=caller.principal.user_id,
-                agent=spec.name,
-                input=question,
-                conversation_id=conversation_id,
-                earlier_turns=earlier,
-                trace_id=trace_id_hex(span),
-                root_span_id=span_id_hex(span),
-                language=language,
+            credentials = CallCredentials(
+                caller_token=caller.token, actor_token=self._mint_actor_token(run_id, spec.name)
             )
-            log.info("run.started", agent=spec.name)
-            scope = _RunScope(
-                run=run,
+            # Recall and the prefetch read for the caller and need nothing from the
+            # run's row: they start now, while it is written (a read, never a write,
+            # so a run the store refuses has changed nothing).
+            reading = _RunScope(
+                run=Run(
+                    run_id=run_id,
+                    org_id=caller.principal.org_id,
+                    user_id=caller.principal.user_id,
+                    agent=spec.name,
+                    state=RunState.RUNNING,
+                    input=question,
+                    conversation_id=conversation_id,
+                    trace_id=trace_id_hex(span),
+                    created_at=started,
+                    updated_at=started,
+                    root_span_id=span_id_hex(span),
+                    language=language.language,
+                    language_fallback=language.fallback,
+                ),
                 spec=spec,
                 principal=caller.principal,
-                credentials=CallCredentials(
-                    caller_token=caller.token, actor_token=self._mint_actor_token(run_id, spec.name)
-                ),
+                credentials=credentials,
                 started=started,
             )
+            # Shared with the retrieval door for the rest of this run (this task and
+            # the tasks it starts): a search_knowledge call with the question reuses
+            # the prefetch.
+            searches = RunSearches()
+            run_searches.set(searches)
+            book = LabelBook()
+            reads = asyncio.create_task(self._opening_reads(reading, question, book, searches))
+            try:
+                run = await self._store.create_run(
+                    run_id=run_id,
+                    org_id=caller.principal.org_id,
+                    user_id=caller.principal.user_id,
+                    agent=spec.name,
+                    input=question,
+                    conversation_id=conversation_id,
+                    earlier_turns=earlier,
+                    trace_id=trace_id_hex(span),
+                    root_span_id=span_id_hex(span),
+                    language=language,
+                )
+            except BaseException:
+                reads.cancel()
+                await asyncio.gather(reads, return_exceptions=True)
+                raise
+            log.info("run.started", agent=spec.name)
+            scope = replace(reading, run=run)
             self._activate(run_id)
             try:
                 return await self._guarded(
-                    scope, span, self._open_and_drive(scope, question=question, earlier=earlier)
+                    scope,
+                    span,
+                    self._open_and_drive(scope, reads, question=question, earlier=earlier),
                 )
             finally:
                 self._release(run_id)
 
     async def _open_and_drive(
-        self, scope: _RunScope, *, question: str, earlier: Sequence[ConversationTurn]
+        self,
+        scope: _RunScope,
+        reads: asyncio.Task[_OpeningReads],
+        *,
+        question: str,
+        earlier: Sequence[ConversationTurn],
     ) -> Run:
-        state = await self._open(scope, question=question, earlier=earlier)
+        state = await self._open(scope, reads, question=question, earlier=earlier)
         # A re-run of the turn starts again from exactly these messages.
         return await self._drive(scope, replace(state, opening=len(state.messages)))
 
@@ -686,27 +731,31 @@ class RunLoop:
 
     # ------------------------------------------------------------ opening: memory and knowledge
 
+    async def _opening_reads(
+        self, scope: _RunScope, question: str, book: LabelBook, searches: RunSearches
+    ) -> _OpeningReads:
+        """Recall and prefetch need nothing from each other: they run at once."""
+        memory_read, knowledge_read = await asyncio.gather(
+            self._read_memory(scope, question),
+            self._prefetch_knowledge(scope, question, book, searches),
+        )
+        return memory_read, knowledge_read
+
     async def _open(
-        self, scope: _RunScope, *, question: str, earlier: Sequence[ConversationTurn]
+        self,
+        scope: _RunScope,
+        reads: asyncio.Task[_OpeningReads],
+        *,
+        question: str,
+        earlier: Sequence[ConversationTurn],
     ) -> LoopState:
-        book = LabelBook()
-        # Shared with the retrieval door for the rest of this run (this task and the
-        # tasks it starts): a search_knowledge call with the question reuses the prefetch.
-        searches = RunSearches()
-        run_searches.set(searches)
-        # Recall and prefetch need nothing from each other: they run at once. Their
-        # steps are recorded in a fixed order (memory, retrieval, conversation).
+        # The conversation is archived (a write to memory) only once the run exists;
+        # the steps are recorded in a fixed order: memory, retrieval, conversation.
         (
-            (memory_step, memories),
-            (knowledge_step, knowledge),
+            ((memory_step, memories), (knowledge_step, knowledge)),
             (conversation_step, window),
         ) = await self._unless_cancelled(
-            scope,
-            asyncio.gather(
-                self._read_memory(scope, question),
-                self._prefetch_knowledge(scope, question, book, searches),
-                self._compact_conversation(scope, earlier),
-            ),
+            scope, asyncio.gather(reads, self._compact_conversation(scope, earlier))
         )
         state = prepare_turn(
             spec=scope.spec,

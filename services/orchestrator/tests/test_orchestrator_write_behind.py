@@ -161,3 +161,87 @@ async def test_a_step_write_that_fails_behind_the_run_still_ends_it_with_the_tru
     assert ended == run_id
     stored = store.runs[run_id].run
     assert stored.state is RunState.FAILED and "stopped answering" in stored.reason
+
+
+class HeldCreateStore(HeldStore):
+    """Writes the run's row only once recall has begun (or a deadline passes)."""
+
+    def __init__(self, clock: FakeClock, recall_started: asyncio.Event) -> None:
+        super().__init__(clock)
+        self.recall_started = recall_started
+        self.create_saw_recall: bool | None = None
+
+    async def create_run(self, **fields: Any) -> Any:
+        try:
+            await asyncio.wait_for(self.recall_started.wait(), WAIT_SECONDS)
+            self.create_saw_recall = True
+        except TimeoutError:
+            self.create_saw_recall = False
+        return await super().create_run(**fields)
+
+
+class NoticedMemory(FakeMemory):
+    def __init__(self, started: asyncio.Event) -> None:
+        super().__init__(memories=[memory(1)])
+        self.started = started
+
+    async def recall(self, **arguments: Any) -> Any:
+        self.started.set()
+        return await super().recall(**arguments)
+
+
+async def test_recall_and_the_prefetch_begin_while_the_runs_row_is_being_written() -> None:
+    recall_started = asyncio.Event()
+    store = HeldCreateStore(FakeClock(), recall_started)
+    loop = RunLoop(
+        store=store,
+        gateway=ScriptedGateway([answer("Sixteen weeks [S1].")]),
+        retrieval=FakeRetrieval(results=[chunk(1)]),
+        memory=NoticedMemory(recall_started),
+        registry=ToolRegistry(),
+        mint_actor_token=lambda run_id, agent: f"actor-token-for-{run_id}",
+        clock=store.clock,
+    )
+
+    run = await loop.start(
+        spec=handbook_spec(tools=()),
+        caller=CALLER,
+        question="How much parental leave?",
+        conversation_id="conv-1",
+        earlier=[],
+    )
+
+    assert run.state is RunState.COMPLETED, run.reason
+    assert store.create_saw_recall is True
+    kinds = [s.kind.value for s in store.runs[run.run_id].steps]
+    assert kinds == ["MEMORY_READ", "RETRIEVAL", "MODEL_CALL"]
+
+
+async def test_a_run_the_store_cannot_create_is_refused_and_its_reads_are_stopped() -> None:
+    class DownStore(MemoryRunStore):
+        async def create_run(self, **fields: Any) -> Any:
+            raise StoreUnavailable("the run store is unavailable (test)")
+
+    clock = FakeClock()
+    loop = RunLoop(
+        store=DownStore(clock),
+        gateway=ScriptedGateway([]),
+        retrieval=FakeRetrieval(results=[chunk(1)]),
+        memory=FakeMemory(memories=[memory(1)]),
+        registry=ToolRegistry(),
+        mint_actor_token=lambda run_id, agent: f"actor-token-for-{run_id}",
+        clock=clock,
+    )
+    try:
+        await loop.start(
+            spec=handbook_spec(tools=()),
+            caller=CALLER,
+            question="How much parental leave?",
+            conversation_id="conv-1",
+            earlier=[],
+        )
+    except StoreUnavailable as exc:
+        assert "unavailable" in exc.message
+    else:
+        raise AssertionError("a run the store could not create was answered")
+    assert loop.active_run_ids() == ()
