@@ -1,8 +1,9 @@
 """The orchestration cost of one agent run across all four services, with the
 offline model answering instantly: one memory recall, two model calls (a
-search_knowledge tool call, then the answer) and two retrievals (the prefetch of
-the question, and the model's search). The shape of a run is checked on its
-trajectory before anything is timed, so the figures measure what they say."""
+search_knowledge tool call, then the answer) and one retrieval: the prefetch of
+the question, which the model's search for the same question reuses (its step
+says `reused_prefetch`). The shape of a run is checked on its trajectory before
+anything is timed, so the figures measure what they say."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 
 from bench.figures import Figure, percentile
 from bench.harness import bench_stack
@@ -79,7 +81,13 @@ async def run_orchestration(*, quick: bool = False) -> list[Figure]:
         await asyncio.gather(*(runner() for _ in range(50)))
         elapsed = time.perf_counter() - started
         await orch.close(grace=None)
-    seq = {"runs": n, "model_calls_per_run": 2, "retrievals": 2, "memory_recalls": 1}
+    seq = {
+        "runs": n,
+        "model_calls_per_run": 2,
+        "retrievals": 1,
+        "reused_retrievals": 1,
+        "memory_recalls": 1,
+    }
     sustained = {"concurrency": 50, "seconds": sustain_seconds}
     return [
         Figure("run.orchestration.p50", percentile(samples, 50), "ms", seq),
@@ -108,4 +116,10 @@ async def _check_run_shape(
         raise RuntimeError(
             f"a benchmark run ended {orchestrator_pb2.RunState.Name(run.state)} with steps "
             f"{kinds}; the benchmark times runs of {EXPECTED_STEPS}"
+        )
+    tool_detail = json_format.MessageToDict(steps[3].detail)
+    if tool_detail.get("reused_prefetch") is not True:
+        raise RuntimeError(
+            "the model's search_knowledge call did not reuse the prefetch "
+            f"(its step detail: {sorted(tool_detail)}); the benchmark times runs that do"
         )
