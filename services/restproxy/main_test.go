@@ -13,6 +13,7 @@ import (
 	"time"
 
 	orchestratorv1 "cairn/gen/go/cairn/orchestrator/v1"
+	retrievalv1 "cairn/gen/go/cairn/retrieval/v1"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -74,6 +75,16 @@ func (o *recordingOrchestrator) seen() (int, []metadata.MD) {
 	return o.calls, append([]metadata.MD(nil), o.metadata...)
 }
 
+// echoingRetrieval answers GetDocument with the id exactly as it arrived, so a
+// test can see how a path parameter was decoded.
+type echoingRetrieval struct {
+	retrievalv1.UnimplementedRetrievalServiceServer
+}
+
+func (echoingRetrieval) GetDocument(ctx context.Context, req *retrievalv1.GetDocumentRequest) (*retrievalv1.GetDocumentResponse, error) {
+	return &retrievalv1.GetDocumentResponse{Document: &retrievalv1.Document{DocumentId: req.GetDocumentId()}}, nil
+}
+
 type fixture struct {
 	url          string
 	orchestrator *recordingOrchestrator
@@ -91,6 +102,7 @@ func startProxy(t *testing.T, env map[string]string) fixture {
 	server := grpc.NewServer()
 	orchestrator := &recordingOrchestrator{release: make(chan struct{})}
 	orchestratorv1.RegisterOrchestratorServiceServer(server, orchestrator)
+	retrievalv1.RegisterRetrievalServiceServer(server, echoingRetrieval{})
 	healthServer := health.NewServer()
 	healthpb.RegisterHealthServer(server, healthServer)
 	go func() { _ = server.Serve(lis) }()
@@ -401,6 +413,24 @@ func TestABareAddressIsDialledThroughDNSForRoundRobin(t *testing.T) {
 	} {
 		if got := dialTarget(in); got != want {
 			t.Errorf("dialTarget(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestADocumentIdHoldingASlashReachesTheServiceWholeEscapedOrNot(t *testing.T) {
+	f := startProxy(t, nil)
+	for path, want := range map[string]string{
+		"team%2Fguide.md": "team/guide.md", // as a browser's encodeURIComponent sends it
+		"team/guide.md":   "team/guide.md",
+		"_exit.2":         "_exit.2",
+		"a%23b%25c":       "a#b%c",
+	} {
+		code, body, _ := send(t, "GET", f.url+"/v1/retrieval/documents/"+path, "", map[string]string{"Authorization": "Bearer t"})
+		if code != 200 {
+			t.Fatalf("GET %s: status %d, body %v", path, code, body)
+		}
+		if got := body["document"].(map[string]any)["documentId"]; got != want {
+			t.Errorf("GET %s reached the service as %q, want %q", path, got, want)
 		}
 	}
 }

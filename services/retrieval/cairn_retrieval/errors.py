@@ -3,8 +3,8 @@
     RetrievalError (CairnError)
     ├── BadDocument              a document fails validation         INVALID_ARGUMENT
     ├── BadSearch                a search names a bad value          INVALID_ARGUMENT
-    ├── DocumentNotFound         GetDocument of a document the       NOT_FOUND
-    │                            caller may not read, or of none
+    ├── DocumentNotVisible       GetDocument of a document the       PERMISSION_DENIED
+    │                            caller may not read, or of none     (the one denial)
     ├── DenseSearchUnavailable   DENSE_ONLY asked of a deployment    FAILED_PRECONDITION
     │                            that cannot run it (no embedder,
     │                            another model's collection)
@@ -17,10 +17,9 @@
     ConfigInvalid (cairn_libs ConfigurationError)   a setting cannot be used: the
                                  process logs one line and exits at start-up
 
-Access refusals are cairn_libs.errors.Denied (I6), except GetDocument's: its
-contract answers NOT_FOUND, with the one denial's message, both for a document
-that does not exist and for one the caller may not read, so the two still read
-the same.
+Access refusals are cairn_libs.errors.Denied (I6), GetDocument's too: a document
+that does not exist and one the caller may not read are the same one denial, as a
+run is in the orchestrator, so neither code nor message tells them apart.
 A BadDocument inside a batch does not fail the call: it becomes that document's
 FAILED result. VectorStoreUnavailable and EmbedderFailed during a search are
 not errors either: the search degrades to keyword-only and says so (I11).
@@ -28,13 +27,11 @@ not errors either: the search degrades to keyword-only and says so (I11).
 
 from __future__ import annotations
 
-import grpc
-
 from cairn_libs.errors import (
-    DENIAL_MESSAGE,
     CairnError,
     ConfigurationError,
     Conflict,
+    Denied,
     DependencyUnavailable,
     InvalidInput,
 )
@@ -52,11 +49,8 @@ class BadSearch(RetrievalError, InvalidInput):
     pass
 
 
-class DocumentNotFound(RetrievalError):
-    code = grpc.StatusCode.NOT_FOUND
-
-    def __init__(self) -> None:
-        super().__init__(DENIAL_MESSAGE)
+class DocumentNotVisible(RetrievalError, Denied):
+    """I6: a document that does not exist and one the caller may not read read the same."""
 
 
 class DenseSearchUnavailable(RetrievalError, Conflict):

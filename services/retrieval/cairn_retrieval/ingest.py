@@ -39,7 +39,7 @@ from cairn_retrieval.domain import (
 from cairn_retrieval.embedders import EmbeddingSpace
 from cairn_retrieval.errors import (
     BadDocument,
-    DocumentNotFound,
+    DocumentNotVisible,
     EmbedderFailed,
     VectorStoreUnavailable,
 )
@@ -294,12 +294,12 @@ class Ingestor:
         return removed
 
     async def document(self, principal: Principal, document_id: str) -> DocumentView:
-        """The document as the caller may see it; DocumentNotFound, the same for a
+        """The document as the caller may see it; DocumentNotVisible, the same for a
         document that does not exist and one the caller may not read."""
         check_document_id(document_id, purpose="read")
         view = view_document(principal, await self._chunks.document(principal.org_id, document_id))
         if view is None:
-            raise DocumentNotFound()
+            raise DocumentNotVisible()
         return view
 
     async def stale_documents(self) -> list[tuple[str, str]]:

@@ -1,5 +1,5 @@
 """GetDocument over real gRPC: a citation's document, whole, for a caller who may
-read it, and NOT_FOUND, reading exactly like a missing id, for anyone else; and
+read it, and the one denial (PERMISSION_DENIED), reading exactly like a missing id, for anyone else; and
 document ids as real corpora spell them (`_exit.2`, `guide#install`)."""
 
 from __future__ import annotations
@@ -69,11 +69,11 @@ def test_the_managers_only_document_reads_to_tom_exactly_like_a_document_that_do
         for document_id in (BONUS_POOL, "handbook-does-not-exist")
     }
 
-    assert refusals == {(grpc.StatusCode.NOT_FOUND, DENIAL_MESSAGE)}
+    assert refusals == {(grpc.StatusCode.PERMISSION_DENIED, DENIAL_MESSAGE)}
     assert client.get_document(tom, "handbook-leave").title == "Leave and holidays"
 
 
-def test_another_orgs_caller_with_the_same_names_and_roles_is_told_not_found(
+def test_another_orgs_caller_with_the_same_names_and_roles_gets_the_one_denial(
     keyword_retrieval: RunningRetrieval, org: Org
 ) -> None:
     _ingest_handbook(keyword_retrieval, org)
@@ -81,7 +81,7 @@ def test_another_orgs_caller_with_the_same_names_and_roles_is_told_not_found(
         org_id=f"{org.org_id}-other", user_id="maria", roles=["manager", "hr", "ingester"]
     )
     assert _refusal(lambda: keyword_retrieval.client.get_document(stranger, BONUS_POOL)) == (
-        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.PERMISSION_DENIED,
         DENIAL_MESSAGE,
     )
 
@@ -100,7 +100,7 @@ def test_only_an_ingester_of_the_org_who_may_read_the_document_sees_its_acl(
     # Managing the corpus does not widen what one may read: the search rule decides.
     assert _refusal(lambda: keyword_retrieval.client.get_document(ingester_only, BONUS_POOL))[
         0
-    ] == (grpc.StatusCode.NOT_FOUND)
+    ] == (grpc.StatusCode.PERMISSION_DENIED)
 
 
 @pytest.mark.parametrize("document_id", ["", "a" * 513, "line\nbreak", "\u202eevil", " padded"])

@@ -39,7 +39,7 @@ from cairn_retrieval.errors import (
     BadSearch,
     DatabaseUnavailable,
     DenseSearchUnavailable,
-    DocumentNotFound,
+    DocumentNotVisible,
     EmbedderFailed,
     RetrievalError,
     VectorStoreUnavailable,
@@ -383,7 +383,7 @@ def test_every_retrieval_error_maps_to_its_status_code(
 
 
 def test_a_document_not_found_reads_as_the_one_denial_with_the_not_found_code() -> None:
-    assert status_for(DocumentNotFound()) == (grpc.StatusCode.NOT_FOUND, DENIAL_MESSAGE)
+    assert status_for(DocumentNotVisible()) == (grpc.StatusCode.PERMISSION_DENIED, DENIAL_MESSAGE)
 
 
 def test_a_title_term_weighs_a_fixed_share_of_a_text_term_with_the_same_df() -> None:

@@ -280,12 +280,16 @@ export interface paths {
         };
         /**
          * One document the caller may read, with its text, so a citation can be opened.
-         *     A document the caller may not read is NOT_FOUND, exactly as one that does not exist.
+         *     A document the caller may not read is the one denial (PERMISSION_DENIED),
+         *     exactly as one that does not exist.
          */
         get: operations["RetrievalService_GetDocument"];
         put?: never;
         post?: never;
-        /** Removes a document and its chunks from both stores. */
+        /**
+         * Removes a document and its chunks from both stores. On REST the id may hold "/"
+         *     (files are ingested as "team/guide.md"), escaped as %2F or not.
+         */
         delete: operations["RetrievalService_DeleteDocument"];
         options?: never;
         head?: never;

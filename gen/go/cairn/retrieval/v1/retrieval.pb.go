@@ -1191,12 +1191,12 @@ const file_cairn_retrieval_v1_retrieval_proto_rawDesc = "" +
 	"\x17SEARCH_MODE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12SEARCH_MODE_HYBRID\x10\x01\x12\x1c\n" +
 	"\x18SEARCH_MODE_KEYWORD_ONLY\x10\x02\x12\x1a\n" +
-	"\x16SEARCH_MODE_DENSE_ONLY\x10\x032\xb2\x05\n" +
+	"\x16SEARCH_MODE_DENSE_ONLY\x10\x032\xb8\x05\n" +
 	"\x10RetrievalService\x12\x97\x01\n" +
-	"\x0fIngestDocuments\x12*.cairn.retrieval.v1.IngestDocumentsRequest\x1a+.cairn.retrieval.v1.IngestDocumentsResponse\")\x82\xd3\xe4\x93\x02#:\x01*\"\x1e/v1/retrieval/documents:ingest0\x01\x12\x96\x01\n" +
-	"\x0eDeleteDocument\x12).cairn.retrieval.v1.DeleteDocumentRequest\x1a*.cairn.retrieval.v1.DeleteDocumentResponse\"-\x82\xd3\xe4\x93\x02'*%/v1/retrieval/documents/{document_id}\x12p\n" +
-	"\x06Search\x12!.cairn.retrieval.v1.SearchRequest\x1a\".cairn.retrieval.v1.SearchResponse\"\x1f\x82\xd3\xe4\x93\x02\x19:\x01*\"\x14/v1/retrieval/search\x12\x8d\x01\n" +
-	"\vGetDocument\x12&.cairn.retrieval.v1.GetDocumentRequest\x1a'.cairn.retrieval.v1.GetDocumentResponse\"-\x82\xd3\xe4\x93\x02'\x12%/v1/retrieval/documents/{document_id}\x12i\n" +
+	"\x0fIngestDocuments\x12*.cairn.retrieval.v1.IngestDocumentsRequest\x1a+.cairn.retrieval.v1.IngestDocumentsResponse\")\x82\xd3\xe4\x93\x02#:\x01*\"\x1e/v1/retrieval/documents:ingest0\x01\x12\x99\x01\n" +
+	"\x0eDeleteDocument\x12).cairn.retrieval.v1.DeleteDocumentRequest\x1a*.cairn.retrieval.v1.DeleteDocumentResponse\"0\x82\xd3\xe4\x93\x02**(/v1/retrieval/documents/{document_id=**}\x12p\n" +
+	"\x06Search\x12!.cairn.retrieval.v1.SearchRequest\x1a\".cairn.retrieval.v1.SearchResponse\"\x1f\x82\xd3\xe4\x93\x02\x19:\x01*\"\x14/v1/retrieval/search\x12\x90\x01\n" +
+	"\vGetDocument\x12&.cairn.retrieval.v1.GetDocumentRequest\x1a'.cairn.retrieval.v1.GetDocumentResponse\"0\x82\xd3\xe4\x93\x02*\x12(/v1/retrieval/documents/{document_id=**}\x12i\n" +
 	"\x05Stats\x12 .cairn.retrieval.v1.StatsRequest\x1a!.cairn.retrieval.v1.StatsResponse\"\x1b\x82\xd3\xe4\x93\x02\x15\x12\x13/v1/retrieval/statsB-Z+cairn/gen/go/cairn/retrieval/v1;retrievalv1b\x06proto3"
 
 var (

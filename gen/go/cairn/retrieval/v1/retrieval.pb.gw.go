@@ -202,7 +202,7 @@ func RegisterRetrievalServiceHandlerServer(ctx context.Context, mux *runtime.Ser
 		var stream runtime.ServerTransportStream
 		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
 		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
-		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/cairn.retrieval.v1.RetrievalService/DeleteDocument", runtime.WithHTTPPathPattern("/v1/retrieval/documents/{document_id}"))
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/cairn.retrieval.v1.RetrievalService/DeleteDocument", runtime.WithHTTPPathPattern("/v1/retrieval/documents/{document_id=**}"))
 		if err != nil {
 			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
 			return
@@ -242,7 +242,7 @@ func RegisterRetrievalServiceHandlerServer(ctx context.Context, mux *runtime.Ser
 		var stream runtime.ServerTransportStream
 		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
 		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
-		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/cairn.retrieval.v1.RetrievalService/GetDocument", runtime.WithHTTPPathPattern("/v1/retrieval/documents/{document_id}"))
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/cairn.retrieval.v1.RetrievalService/GetDocument", runtime.WithHTTPPathPattern("/v1/retrieval/documents/{document_id=**}"))
 		if err != nil {
 			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
 			return
@@ -337,7 +337,7 @@ func RegisterRetrievalServiceHandlerClient(ctx context.Context, mux *runtime.Ser
 		ctx, cancel := context.WithCancel(req.Context())
 		defer cancel()
 		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
-		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/cairn.retrieval.v1.RetrievalService/DeleteDocument", runtime.WithHTTPPathPattern("/v1/retrieval/documents/{document_id}"))
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/cairn.retrieval.v1.RetrievalService/DeleteDocument", runtime.WithHTTPPathPattern("/v1/retrieval/documents/{document_id=**}"))
 		if err != nil {
 			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
 			return
@@ -371,7 +371,7 @@ func RegisterRetrievalServiceHandlerClient(ctx context.Context, mux *runtime.Ser
 		ctx, cancel := context.WithCancel(req.Context())
 		defer cancel()
 		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
-		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/cairn.retrieval.v1.RetrievalService/GetDocument", runtime.WithHTTPPathPattern("/v1/retrieval/documents/{document_id}"))
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/cairn.retrieval.v1.RetrievalService/GetDocument", runtime.WithHTTPPathPattern("/v1/retrieval/documents/{document_id=**}"))
 		if err != nil {
 			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
 			return
@@ -406,9 +406,9 @@ func RegisterRetrievalServiceHandlerClient(ctx context.Context, mux *runtime.Ser
 
 var (
 	pattern_RetrievalService_IngestDocuments_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"v1", "retrieval", "documents"}, "ingest"))
-	pattern_RetrievalService_DeleteDocument_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"v1", "retrieval", "documents", "document_id"}, ""))
+	pattern_RetrievalService_DeleteDocument_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 3, 0, 4, 1, 5, 3}, []string{"v1", "retrieval", "documents", "document_id"}, ""))
 	pattern_RetrievalService_Search_0          = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"v1", "retrieval", "search"}, ""))
-	pattern_RetrievalService_GetDocument_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 1, 0, 4, 1, 5, 3}, []string{"v1", "retrieval", "documents", "document_id"}, ""))
+	pattern_RetrievalService_GetDocument_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2, 3, 0, 4, 1, 5, 3}, []string{"v1", "retrieval", "documents", "document_id"}, ""))
 	pattern_RetrievalService_Stats_0           = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 2, 2}, []string{"v1", "retrieval", "stats"}, ""))
 )
 

@@ -35,12 +35,14 @@ const (
 type RetrievalServiceClient interface {
 	// Batched ingest; the stream reports progress as each document is written.
 	IngestDocuments(ctx context.Context, in *IngestDocumentsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[IngestDocumentsResponse], error)
-	// Removes a document and its chunks from both stores.
+	// Removes a document and its chunks from both stores. On REST the id may hold "/"
+	// (files are ingested as "team/guide.md"), escaped as %2F or not.
 	DeleteDocument(ctx context.Context, in *DeleteDocumentRequest, opts ...grpc.CallOption) (*DeleteDocumentResponse, error)
 	// Search within the caller's visible set. The result states its mode.
 	Search(ctx context.Context, in *SearchRequest, opts ...grpc.CallOption) (*SearchResponse, error)
 	// One document the caller may read, with its text, so a citation can be opened.
-	// A document the caller may not read is NOT_FOUND, exactly as one that does not exist.
+	// A document the caller may not read is the one denial (PERMISSION_DENIED),
+	// exactly as one that does not exist.
 	GetDocument(ctx context.Context, in *GetDocumentRequest, opts ...grpc.CallOption) (*GetDocumentResponse, error)
 	// Per source: documents, chunks and embedded chunks of the caller's org.
 	Stats(ctx context.Context, in *StatsRequest, opts ...grpc.CallOption) (*StatsResponse, error)
@@ -119,12 +121,14 @@ func (c *retrievalServiceClient) Stats(ctx context.Context, in *StatsRequest, op
 type RetrievalServiceServer interface {
 	// Batched ingest; the stream reports progress as each document is written.
 	IngestDocuments(*IngestDocumentsRequest, grpc.ServerStreamingServer[IngestDocumentsResponse]) error
-	// Removes a document and its chunks from both stores.
+	// Removes a document and its chunks from both stores. On REST the id may hold "/"
+	// (files are ingested as "team/guide.md"), escaped as %2F or not.
 	DeleteDocument(context.Context, *DeleteDocumentRequest) (*DeleteDocumentResponse, error)
 	// Search within the caller's visible set. The result states its mode.
 	Search(context.Context, *SearchRequest) (*SearchResponse, error)
 	// One document the caller may read, with its text, so a citation can be opened.
-	// A document the caller may not read is NOT_FOUND, exactly as one that does not exist.
+	// A document the caller may not read is the one denial (PERMISSION_DENIED),
+	// exactly as one that does not exist.
 	GetDocument(context.Context, *GetDocumentRequest) (*GetDocumentResponse, error)
 	// Per source: documents, chunks and embedded chunks of the caller's org.
 	Stats(context.Context, *StatsRequest) (*StatsResponse, error)

@@ -72,7 +72,8 @@ class RetrievalServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteDocument(self, request, context):
-        """Removes a document and its chunks from both stores.
+        """Removes a document and its chunks from both stores. On REST the id may hold "/"
+        (files are ingested as "team/guide.md"), escaped as %2F or not.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -87,7 +88,8 @@ class RetrievalServiceServicer:
 
     def GetDocument(self, request, context):
         """One document the caller may read, with its text, so a citation can be opened.
-        A document the caller may not read is NOT_FOUND, exactly as one that does not exist.
+        A document the caller may not read is the one denial (PERMISSION_DENIED),
+        exactly as one that does not exist.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

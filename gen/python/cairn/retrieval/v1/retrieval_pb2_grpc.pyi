@@ -36,12 +36,15 @@ class RetrievalServiceStub:
     IngestDocuments: _grpc.UnaryStreamMultiCallable[_retrieval_pb2.IngestDocumentsRequest, _retrieval_pb2.IngestDocumentsResponse]
     """Batched ingest; the stream reports progress as each document is written."""
     DeleteDocument: _grpc.UnaryUnaryMultiCallable[_retrieval_pb2.DeleteDocumentRequest, _retrieval_pb2.DeleteDocumentResponse]
-    """Removes a document and its chunks from both stores."""
+    """Removes a document and its chunks from both stores. On REST the id may hold "/"
+    (files are ingested as "team/guide.md"), escaped as %2F or not.
+    """
     Search: _grpc.UnaryUnaryMultiCallable[_retrieval_pb2.SearchRequest, _retrieval_pb2.SearchResponse]
     """Search within the caller's visible set. The result states its mode."""
     GetDocument: _grpc.UnaryUnaryMultiCallable[_retrieval_pb2.GetDocumentRequest, _retrieval_pb2.GetDocumentResponse]
     """One document the caller may read, with its text, so a citation can be opened.
-    A document the caller may not read is NOT_FOUND, exactly as one that does not exist.
+    A document the caller may not read is the one denial (PERMISSION_DENIED),
+    exactly as one that does not exist.
     """
     Stats: _grpc.UnaryUnaryMultiCallable[_retrieval_pb2.StatsRequest, _retrieval_pb2.StatsResponse]
     """Per source: documents, chunks and embedded chunks of the caller's org."""
@@ -52,12 +55,15 @@ class RetrievalServiceAsyncStub(RetrievalServiceStub):
     IngestDocuments: _aio.UnaryStreamMultiCallable[_retrieval_pb2.IngestDocumentsRequest, _retrieval_pb2.IngestDocumentsResponse]  # type: ignore[assignment]
     """Batched ingest; the stream reports progress as each document is written."""
     DeleteDocument: _aio.UnaryUnaryMultiCallable[_retrieval_pb2.DeleteDocumentRequest, _retrieval_pb2.DeleteDocumentResponse]  # type: ignore[assignment]
-    """Removes a document and its chunks from both stores."""
+    """Removes a document and its chunks from both stores. On REST the id may hold "/"
+    (files are ingested as "team/guide.md"), escaped as %2F or not.
+    """
     Search: _aio.UnaryUnaryMultiCallable[_retrieval_pb2.SearchRequest, _retrieval_pb2.SearchResponse]  # type: ignore[assignment]
     """Search within the caller's visible set. The result states its mode."""
     GetDocument: _aio.UnaryUnaryMultiCallable[_retrieval_pb2.GetDocumentRequest, _retrieval_pb2.GetDocumentResponse]  # type: ignore[assignment]
     """One document the caller may read, with its text, so a citation can be opened.
-    A document the caller may not read is NOT_FOUND, exactly as one that does not exist.
+    A document the caller may not read is the one denial (PERMISSION_DENIED),
+    exactly as one that does not exist.
     """
     Stats: _aio.UnaryUnaryMultiCallable[_retrieval_pb2.StatsRequest, _retrieval_pb2.StatsResponse]  # type: ignore[assignment]
     """Per source: documents, chunks and embedded chunks of the caller's org."""
@@ -77,7 +83,9 @@ class RetrievalServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _retrieval_pb2.DeleteDocumentRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_retrieval_pb2.DeleteDocumentResponse, _abc.Awaitable[_retrieval_pb2.DeleteDocumentResponse]]:
-        """Removes a document and its chunks from both stores."""
+        """Removes a document and its chunks from both stores. On REST the id may hold "/"
+        (files are ingested as "team/guide.md"), escaped as %2F or not.
+        """
 
     @_abc_1.abstractmethod
     def Search(
@@ -94,7 +102,8 @@ class RetrievalServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_retrieval_pb2.GetDocumentResponse, _abc.Awaitable[_retrieval_pb2.GetDocumentResponse]]:
         """One document the caller may read, with its text, so a citation can be opened.
-        A document the caller may not read is NOT_FOUND, exactly as one that does not exist.
+        A document the caller may not read is the one denial (PERMISSION_DENIED),
+        exactly as one that does not exist.
         """
 
     @_abc_1.abstractmethod
