@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cairn.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
-from cairn_libs.clients import call_metadata
+from cairn_libs.clients import call_metadata, sync_channel
 from cairn_retrieval.domain import MAX_DOCUMENTS_PER_REQUEST, is_document_id
 from cairn_retrieval.html_text import html_to_page
 
@@ -191,7 +191,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     outcomes: Counter[str] = Counter()
     chunks = 0
     failures: list[tuple[str, str]] = []
-    with grpc.insecure_channel(args.address) as channel:
+    with sync_channel(args.address) as channel:
         stub = retrieval_pb2_grpc.RetrievalServiceStub(channel)
         columns = (
             TextColumn("[bold]{task.description}"),
