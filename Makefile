@@ -87,16 +87,17 @@ test: $(STAMP) lint-protos gen-check restproxy web-check chromium ## install wha
 	$(PY) -m pytest -p no:cacheprovider -q
 
 fmt: $(STAMP) ## format the code
-	$(BIN)/ruff format libs services tests bench
-	$(BIN)/ruff check --fix libs services tests bench
+	$(BIN)/ruff format libs services tests bench demo
+	$(BIN)/ruff check --fix libs services tests bench demo
 
 lint: $(STAMP) ## ruff lint and format check
-	$(BIN)/ruff check libs services tests bench
-	$(BIN)/ruff format --check libs services tests bench
+	$(BIN)/ruff check libs services tests bench demo
+	$(BIN)/ruff format --check libs services tests bench demo
 
 typecheck: $(STAMP) ## mypy strict on our code
 	$(BIN)/mypy libs/cairn_libs services/gateway/cairn_gateway services/retrieval/cairn_retrieval \
-	  services/memory/cairn_memory services/orchestrator/cairn_orchestrator services/fakeprovider/cairn_fakeprovider
+	  services/memory/cairn_memory services/orchestrator/cairn_orchestrator services/fakeprovider/cairn_fakeprovider \
+	  demo/people_directory/cairn_people_directory
 
 check: lint typecheck test ## format check, lint, types, then every test
 
