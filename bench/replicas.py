@@ -46,17 +46,10 @@ from cairn_libs.stack import (
     SERVICE_MODULES,
     LocalStack,
     ServiceProcess,
-    free_port,
-    plan_replica_ports,
-    replica_targets,
-    stack_env,
     start_embedded_postgres,
-    start_fake_provider,
-    start_local_stack,
     wait_for_health,
-    wait_for_http,
-    write_agent_setup,
 )
+from tests.replicas_support import replica_stack
 
 SERVICES = tuple(SERVICE_MODULES)
 CONCURRENCY = 16
@@ -96,41 +89,21 @@ class BenchReplicas:
 
 @contextmanager
 def replicas_stack(replicas: int) -> Iterator[BenchReplicas]:
+    """The replica and fault tests' stack (tests/replicas_support.py), with the
+    bench's lease, on the bench's PostgreSQL."""
     base = STATE / f"replicas-{replicas}"
     base.mkdir(parents=True, exist_ok=True)
-    keys = generate_dev_keypair(STATE / "keys")
-    pg_url = start_embedded_postgres(STATE / "pg")
-    logs = base / "logs"
-    offline = start_fake_provider(port=free_port(), log_dir=logs, name="offline")
-    scripted = start_fake_provider(port=free_port(), log_dir=logs, name="scripted")
-    local: LocalStack | None = None
-    try:
-        wait_for_http(offline)
-        wait_for_http(scripted)
-        ports = plan_replica_ports(SERVICES, replicas=replicas)
-        env = {
-            **stack_env(
-                database_url=pg_url,
-                keys=keys,
-                qdrant_path=base / "qdrant",
-                model_url=f"http://{offline.address}",
-                addresses=replica_targets(ports),
-            ),
-            **write_agent_setup(
-                base,
-                offline_url=f"http://{offline.address}",
-                scripted_url=f"http://{scripted.address}",
-            ),
-            "CAIRN_LOG_LEVEL": "WARNING",
-            "CAIRN_RUN_LEASE_SECONDS": str(LEASE_SECONDS),
-        }
-        local = start_local_stack(ports, env=env, log_dir=logs, timeout=180)
-        yield BenchReplicas(local, offline, scripted, pg_url, TokenIssuer.from_file(keys[0]))
-    finally:
-        if local is not None:
-            local.stop()
-        offline.stop()
-        scripted.stop()
+    with replica_stack(
+        base,
+        pg_url=start_embedded_postgres(STATE / "pg"),
+        keys=generate_dev_keypair(STATE / "keys"),
+        service_env={"CAIRN_LOG_LEVEL": "WARNING"},
+        replicas=replicas,
+        lease_seconds=LEASE_SECONDS,
+    ) as started:
+        yield BenchReplicas(
+            started.local, started.offline, started.scripted, started.pg_url, started.issuer
+        )
 
 
 # --- spreading -----------------------------------------------------------------------

@@ -75,7 +75,9 @@ def replica_stack(
     keys: tuple[Path, Path],
     service_env: dict[str, str],
     replicas: int = 3,
+    lease_seconds: float = LEASE_SECONDS,
 ) -> Iterator[ReplicaStack]:
+    """The stack on `pg_url` (the bench's replicas suite starts it too)."""
     logs = base / "logs"
     offline = start_fake_provider(port=free_port(), log_dir=logs, name="offline")
     scripted = start_fake_provider(port=free_port(), log_dir=logs, name="scripted")
@@ -98,7 +100,7 @@ def replica_stack(
                 offline_url=f"http://{offline.address}",
                 scripted_url=f"http://{scripted.address}",
             ),
-            "CAIRN_RUN_LEASE_SECONDS": str(LEASE_SECONDS),
+            "CAIRN_RUN_LEASE_SECONDS": str(lease_seconds),
             "CAIRN_GATEWAY_COOLDOWN_SYNC_SECONDS": "0.2",
         }
         local = start_local_stack(ports, env=env, log_dir=logs, timeout=180)
