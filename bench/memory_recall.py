@@ -417,6 +417,10 @@ async def ensure_dataset(scale: Scale) -> Dataset:
         await admin.close()
     # Apply any migration added since the dataset was built before the service
     # starts, so no index build happens inside a measurement.
+    console.print(
+        "  applying new memory migrations to the dataset, if any (a table rewrite and "
+        "index build, e.g. migration 0006, takes up to half an hour at 1M rows, once) …"
+    )
     database = memory_database(url)
     try:
         if not await database.ready():
