@@ -60,7 +60,7 @@ export function mergeStep(steps: Step[], step: Step): Step[] {
   return merged.sort(inOrder);
 }
 
-function onEvent(runId: string, event: StreamEvent): void {
+function onEvent(runId: string, event: StreamEvent, onSettled?: (run: Run) => void): void {
   if (live.value?.runId !== runId) return;
   switch (event.kind) {
     case "RUN_EVENT_KIND_STEP_STARTED":
@@ -78,6 +78,7 @@ function onEvent(runId: string, event: StreamEvent): void {
       if (event.run) {
         const run = event.run;
         update(() => ({ run }));
+        onSettled?.(run);
       }
       break;
     default:
@@ -85,46 +86,50 @@ function onEvent(runId: string, event: StreamEvent): void {
   }
 }
 
-/** Follow a run's events until the stream ends; safe to call again (it replays). */
-export function follow(runId: string): void {
+/**
+ * Follow a run's events until the stream ends; safe to call again (it replays).
+ * `onSettled` hears the run each time it ends or waits for its person; `onEnd`,
+ * that the stream is over.
+ */
+export function follow(runId: string, onSettled?: (run: Run) => void, onEnd?: () => void): void {
   following?.abort();
   const controller = new AbortController();
   following = controller;
   update(() => ({ following: true }));
-  streamRun(runId, (event) => onEvent(runId, event), controller.signal)
+  streamRun(runId, (event) => onEvent(runId, event, onSettled), controller.signal)
     .catch((exc: unknown) => {
       if (live.value?.runId === runId) update(() => ({ error: asApiError(exc) }));
     })
     .finally(() => {
       if (following === controller) update(() => ({ following: false }));
+      onEnd?.();
     });
+}
+
+/** The run once it has ended or waits for its person, as its stream tells it. */
+function untilSettled(runId: string): Promise<Run> {
+  return new Promise((resolve, reject) => {
+    let told = false;
+    const tell = (run: Run): void => {
+      if (!told) {
+        told = true;
+        resolve(run);
+      }
+    };
+    follow(runId, tell, () => {
+      // The stream ended without saying (a refusal, a dropped connection): ask.
+      if (!told) {
+        api.getRun(runId).then(
+          ({ run }) => (run ? tell(run) : reject(new ApiError(0, 13, "GetRun answered without a run"))),
+          (exc: unknown) => reject(asApiError(exc)),
+        );
+      }
+    });
+  });
 }
 
 export function asApiError(exc: unknown): ApiError {
   return exc instanceof ApiError ? exc : new ApiError(0, 2, exc instanceof Error ? exc.message : String(exc));
-}
-
-function delay(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
-}
-
-/**
- * StartRun answers only when the run has finished or stops for a confirmation,
- * so the run id that StreamRun needs is found meanwhile in ListRuns: the newest
- * run of this conversation (whose id this tab chose) that is not one seen before.
- */
-async function discoverRunId(conversationId: string, known: string[], settled: () => boolean): Promise<string | null> {
-  while (!settled()) {
-    try {
-      const page = await api.listRuns({ pageSize: 5 });
-      const found = (page.runs ?? []).find((r) => r.conversationId === conversationId && r.runId && !known.includes(r.runId));
-      if (found?.runId) return found.runId;
-    } catch {
-      return null; // StartRun's own answer will say what is wrong
-    }
-    await delay(5);
-  }
-  return null;
 }
 
 function settle(runId: string, run: Run): void {
@@ -141,39 +146,29 @@ export async function ask(agent: string, input: string): Promise<void> {
   const conv = conversation.value;
   openedCitation.value = null;
   live.value = { runId: "", run: null, steps: [], answer: "", error: null, following: false, busy: true };
-  let settled = false;
-  const started = api.startRun({
-    agent,
-    input,
-    conversationId: conv.id,
-    messages: conv.turns,
-    language: language.value,
-  });
-  started.then(
-    () => (settled = true),
-    () => (settled = true),
-  );
-  void discoverRunId(conv.id, conv.runIds, () => settled).then((runId) => {
-    if (runId && live.value && !live.value.runId) {
-      update(() => ({ runId }));
-      follow(runId);
-    }
-  });
   try {
-    const { run } = await started;
-    if (!run?.runId) throw new ApiError(0, 13, "StartRun answered without a run");
-    if (live.value?.runId !== run.runId) {
-      update(() => ({ runId: run.runId ?? "" }));
-      follow(run.runId);
+    // StartRun answers as soon as the run exists; its steps are drawn from the
+    // stream as they happen, from the first.
+    const { run: first } = await api.startRun({
+      agent,
+      input,
+      conversationId: conv.id,
+      messages: conv.turns,
+      language: language.value,
+      returnWhenStarted: true,
+    });
+    if (!first?.runId) throw new ApiError(0, 13, "StartRun answered without a run");
+    const runId = first.runId;
+    update(() => ({ runId, run: first }));
+    conversation.value = { ...conversation.value, runIds: [...conv.runIds, runId] };
+    const run = await untilSettled(runId);
+    settle(runId, run);
+    if (run.answer) {
+      conversation.value = {
+        ...conversation.value,
+        turns: [...conv.turns, { role: "TURN_ROLE_USER", content: input }, { role: "TURN_ROLE_ASSISTANT", content: run.answer }],
+      };
     }
-    settle(run.runId, run);
-    conversation.value = {
-      ...conv,
-      runIds: [...conv.runIds, run.runId],
-      turns: run.answer
-        ? [...conv.turns, { role: "TURN_ROLE_USER", content: input }, { role: "TURN_ROLE_ASSISTANT", content: run.answer }]
-        : conv.turns,
-    };
   } catch (exc) {
     update(() => ({ error: asApiError(exc), busy: false }));
   }

@@ -340,11 +340,14 @@ class RunLoop:
     async def _own(self, work: Coroutine[Any, Any, Run]) -> Run:
         """Drive a run as its own task; the request awaits it, but cancelling the
         request (a caller who hangs up) does not cancel the run."""
+        return await asyncio.shield(self._spawn(work))
+
+    def _spawn(self, work: Coroutine[Any, Any, Run]) -> asyncio.Task[Run]:
         task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(_observe)
-        return await asyncio.shield(task)
+        return task
 
     # ------------------------------------------------------------ entry
 
@@ -357,17 +360,29 @@ class RunLoop:
         conversation_id: str,
         earlier: Sequence[ConversationTurn],
         language: RunLanguage = ENGLISH,
+        return_when_started: bool = False,
     ) -> Run:
-        return await self._own(
-            self._start(
-                spec=spec,
-                caller=caller,
-                question=question,
-                conversation_id=conversation_id,
-                earlier=earlier,
-                language=language,
-            )
+        """The run as it ends or waits for a person; with `return_when_started`, as
+        soon as its row exists (RUNNING), while its own task drives it on."""
+        created: asyncio.Future[Run] | None = (
+            asyncio.get_running_loop().create_future() if return_when_started else None
         )
+        work = self._start(
+            spec=spec,
+            caller=caller,
+            question=question,
+            conversation_id=conversation_id,
+            earlier=earlier,
+            language=language,
+            created=created,
+        )
+        if created is None:
+            return await self._own(work)
+        task = self._spawn(work)
+        await asyncio.wait({task, created}, return_when=asyncio.FIRST_COMPLETED)
+        if created.done():
+            return created.result()
+        return await task  # refused, or failed, before the run existed
 
     async def _start(
         self,
@@ -378,6 +393,7 @@ class RunLoop:
         conversation_id: str,
         earlier: Sequence[ConversationTurn],
         language: RunLanguage = ENGLISH,
+        created: asyncio.Future[Run] | None = None,
     ) -> Run:
         run_id = new_run_id()
         attributes = {
@@ -446,6 +462,8 @@ class RunLoop:
             log.info("run.started", agent=spec.name)
             scope = replace(reading, run=run)
             self._activate(run_id)
+            if created is not None and not created.done():
+                created.set_result(run)
             try:
                 return await self._guarded(
                     scope,

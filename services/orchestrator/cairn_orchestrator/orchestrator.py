@@ -190,6 +190,7 @@ class Orchestrator:
         conversation_id: str,
         earlier: Sequence[ConversationTurn],
         language: str = "",
+        return_when_started: bool = False,
     ) -> Run:
         spec = self._catalog.get(agent)
         try:
@@ -213,6 +214,7 @@ class Orchestrator:
             conversation_id=conversation_id,
             earlier=earlier,
             language=run_language,
+            return_when_started=return_when_started,
         )
 
     async def get_run(self, principal: Principal, run_id: str) -> Run:

@@ -246,6 +246,7 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServiceServicer):
             conversation_id=request.conversation_id,
             earlier=earlier,
             language=request.language,
+            return_when_started=request.return_when_started,
         )
         return pb.StartRunResponse(run=run_to_proto(run))
 

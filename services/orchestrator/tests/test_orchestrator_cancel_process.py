@@ -199,3 +199,43 @@ def test_a_chinese_card_cancelled_through_one_orchestrator_cannot_be_approved_on
     assert (
         detail(cancel_step)["decision"] == "CANCELLED" and detail(cancel_step)["write"] == "not_run"
     )
+
+
+def test_start_run_asked_to_return_when_started_answers_running_and_the_run_goes_on(
+    pair: TwoOrchestrators, alice: str
+) -> None:
+    # The model holds its call far longer than StartRun is given: only an answer
+    # given once the run exists comes back in time.
+    script(pair.model_url, {"action": "hang", "seconds": 120})
+    with grpc.insecure_channel(pair.first.address) as channel:
+        started = (
+            _stub(channel)
+            .StartRun(
+                pb.StartRunRequest(
+                    agent="scribe",
+                    input=f"Hold on ({uuid.uuid4().hex[:6]})",
+                    return_when_started=True,
+                ),
+                metadata=call_metadata(alice),
+                timeout=10,
+            )
+            .run
+        )
+    assert started.state == pb.RUN_STATE_RUNNING and started.run_id
+
+    # The run goes on after the answer: its model call is in flight, seen through
+    # the other orchestrator, and the stream there follows it to its end.
+    assert get_run(pair.second.address, alice, started.run_id).state == pb.RUN_STATE_RUNNING
+    with grpc.insecure_channel(pair.second.address) as channel:
+        events = _stub(channel).StreamRun(
+            pb.StreamRunRequest(run_id=started.run_id), metadata=call_metadata(alice), timeout=40
+        )
+        _cancel(pair.second.address, alice, started.run_id, "seen enough")
+        seen = list(events)
+    assert seen, "the stream ended without an event"
+    last = seen[-1]
+    assert last.kind == pb.RUN_EVENT_KIND_RUN_FINISHED
+    assert last.run.state == pb.RUN_STATE_CANCELLED
+    # The working orchestrator hears of the cancel and records the cut-short call.
+    steps = wait_until(lambda: trajectory(pair.first.address, alice, started.run_id), timeout=10)
+    assert steps[-1].kind == pb.STEP_KIND_MODEL_CALL and steps[-1].error.code == "run.cancelled"

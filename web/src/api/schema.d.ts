@@ -1022,6 +1022,11 @@ export interface components {
              */
             language?: string;
             messages?: components["schemas"]["v1ConversationTurn"][];
+            /**
+             * @description Answer as soon as the run exists (RUNNING, with its id) instead of when it ends
+             *     or waits for a confirmation; follow it with StreamRun. The run goes on either way.
+             */
+            returnWhenStarted?: boolean;
         };
         v1StartRunResponse: {
             run?: components["schemas"]["v1Run"];

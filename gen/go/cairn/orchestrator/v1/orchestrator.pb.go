@@ -1074,9 +1074,12 @@ type StartRunRequest struct {
 	// The person's preferred language, BCP 47 (e.g. "en", "zh-Hans", "zh-CN").
 	// Confirmation cards are written in it where the tool has text in it; empty
 	// means English.
-	Language      string `protobuf:"bytes,5,opt,name=language,proto3" json:"language,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Language string `protobuf:"bytes,5,opt,name=language,proto3" json:"language,omitempty"`
+	// Answer as soon as the run exists (RUNNING, with its id) instead of when it ends
+	// or waits for a confirmation; follow it with StreamRun. The run goes on either way.
+	ReturnWhenStarted bool `protobuf:"varint,6,opt,name=return_when_started,json=returnWhenStarted,proto3" json:"return_when_started,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *StartRunRequest) Reset() {
@@ -1142,6 +1145,13 @@ func (x *StartRunRequest) GetLanguage() string {
 		return x.Language
 	}
 	return ""
+}
+
+func (x *StartRunRequest) GetReturnWhenStarted() bool {
+	if x != nil {
+		return x.ReturnWhenStarted
+	}
+	return false
 }
 
 type StartRunResponse struct {
@@ -2292,13 +2302,14 @@ const file_cairn_orchestrator_v1_orchestrator_proto_rawDesc = "" +
 	"\vfinished_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"finishedAt\x12/\n" +
 	"\x06detail\x18\a \x01(\v2\x17.google.protobuf.StructR\x06detail\x126\n" +
-	"\x05error\x18\b \x01(\v2 .cairn.orchestrator.v1.StepErrorR\x05error\"\xc7\x01\n" +
+	"\x05error\x18\b \x01(\v2 .cairn.orchestrator.v1.StepErrorR\x05error\"\xf7\x01\n" +
 	"\x0fStartRunRequest\x12\x14\n" +
 	"\x05agent\x18\x01 \x01(\tR\x05agent\x12\x14\n" +
 	"\x05input\x18\x02 \x01(\tR\x05input\x12'\n" +
 	"\x0fconversation_id\x18\x03 \x01(\tR\x0econversationId\x12C\n" +
 	"\bmessages\x18\x04 \x03(\v2'.cairn.orchestrator.v1.ConversationTurnR\bmessages\x12\x1a\n" +
-	"\blanguage\x18\x05 \x01(\tR\blanguage\"@\n" +
+	"\blanguage\x18\x05 \x01(\tR\blanguage\x12.\n" +
+	"\x13return_when_started\x18\x06 \x01(\bR\x11returnWhenStarted\"@\n" +
 	"\x10StartRunResponse\x12,\n" +
 	"\x03run\x18\x01 \x01(\v2\x1a.cairn.orchestrator.v1.RunR\x03run\")\n" +
 	"\x10StreamRunRequest\x12\x15\n" +

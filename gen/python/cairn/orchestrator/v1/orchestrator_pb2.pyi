@@ -478,6 +478,7 @@ class StartRunRequest(_message.Message):
     CONVERSATION_ID_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
     LANGUAGE_FIELD_NUMBER: _builtins.int
+    RETURN_WHEN_STARTED_FIELD_NUMBER: _builtins.int
     agent: _builtins.str
     input: _builtins.str
     conversation_id: _builtins.str
@@ -485,6 +486,10 @@ class StartRunRequest(_message.Message):
     """The person's preferred language, BCP 47 (e.g. "en", "zh-Hans", "zh-CN").
     Confirmation cards are written in it where the tool has text in it; empty
     means English.
+    """
+    return_when_started: _builtins.bool
+    """Answer as soon as the run exists (RUNNING, with its id) instead of when it ends
+    or waits for a confirmation; follow it with StreamRun. The run goes on either way.
     """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConversationTurn]: ...
@@ -496,10 +501,11 @@ class StartRunRequest(_message.Message):
         conversation_id: _builtins.str = ...,
         messages: _abc.Iterable[Global___ConversationTurn] | None = ...,
         language: _builtins.str = ...,
+        return_when_started: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "conversation_id", b"conversation_id", "input", b"input", "language", b"language", "messages", b"messages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "conversation_id", b"conversation_id", "input", b"input", "language", b"language", "messages", b"messages", "return_when_started", b"return_when_started"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
