@@ -169,7 +169,6 @@ def _start_people_directory(env: dict[str, str]) -> ServiceProcess | None:
     when one already serves (a second `make run`)."""
     grpc_port, mcp_port = PEOPLE_DIRECTORY_PORTS
     env["CAIRN_PEOPLE_DIRECTORY_GRPC_ADDR"] = f"127.0.0.1:{grpc_port}"
-    env["CAIRN_PEOPLE_DIRECTORY_MCP_URL"] = f"http://127.0.0.1:{mcp_port}/mcp"
     if health_status(f"127.0.0.1:{grpc_port}") == "SERVING":
         console.print(f"[yellow]the people directory is already serving on :{grpc_port}[/]")
         return None
@@ -183,7 +182,7 @@ def _start_people_directory(env: dict[str, str]) -> ServiceProcess | None:
     wait_for_health(proc, timeout=60)
     console.print(
         f"[green]✓[/] {'people-dir':<13} SERVING tools on {proc.address} (gRPC) "
-        f"and {env['CAIRN_PEOPLE_DIRECTORY_MCP_URL']} (MCP)"
+        f"and http://127.0.0.1:{mcp_port}/mcp (MCP)"
     )
     return proc
 
