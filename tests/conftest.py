@@ -32,6 +32,7 @@ from cairn_libs.stack import (
     wait_for_health,
     wait_for_http,
 )
+from tests.replicas_support import ReplicaStack, session_replica_stack
 
 SERVICES = ("gateway", "retrieval", "memory", "orchestrator")
 
@@ -187,3 +188,15 @@ def _ingest_handbook(stack: Stack) -> dict[str, Any]:
 
 def repo_path(*parts: str) -> Path:
     return REPO_ROOT.joinpath(*parts)
+
+
+@pytest.fixture(scope="session")
+def replicas(
+    tmp_path_factory: pytest.TempPathFactory,
+    dev_keys: tuple[Path, Path],
+    service_env: dict[str, str],
+) -> Iterator[ReplicaStack]:
+    """Three replicas of every service on a PostgreSQL of their own, started by the
+    first test that asks and shared by the replica and fault tests."""
+    with session_replica_stack(tmp_path_factory, keys=dev_keys, service_env=service_env) as stack:
+        yield stack

@@ -5,8 +5,8 @@ and the scribe's scripted one, see cairn_libs.stack.write_agent_setup); and a
 PostgreSQL of their own, so the fault tests' restart of it disturbs no other test.
 
 Starting twelve service processes is most of these tests' time, so the stack is
-started once per test session (`shared_replica_stack`) and used by every module
-that asks; a test that kills a replica starts it again before it ends."""
+started once per test session (the `replicas` fixture in tests/conftest.py) and used
+by every module that asks; a test that kills a replica starts it again before it ends."""
 
 from __future__ import annotations
 
@@ -129,38 +129,27 @@ async def poll(predicate: Callable[[], T | None], *, within: float, interval: fl
     raise TimeoutError(f"condition not met within {within} s")
 
 
-_STACK_KEY = pytest.StashKey[ReplicaStack]()
-
-
-def shared_replica_stack(
-    request: pytest.FixtureRequest,
+@contextmanager
+def session_replica_stack(
     tmp_path_factory: pytest.TempPathFactory,
     *,
     keys: tuple[Path, Path],
     service_env: dict[str, str],
-) -> ReplicaStack:
-    """The session's three-replica stack on its own PostgreSQL, started on first use
-    and stopped when the session ends."""
-    config = request.config
-    if _STACK_KEY in config.stash:
-        return config.stash[_STACK_KEY]
+) -> Iterator[ReplicaStack]:
+    """The three-replica stack on a PostgreSQL of its own, for the session's
+    `replicas` fixture (tests/conftest.py)."""
     pg_base = Path(tempfile.mkdtemp(prefix="cairn-replicas-"))
     pg_base.chmod(0o755)  # as root, PostgreSQL runs as `pgserver`, which must reach it
     pg_url = start_embedded_postgres(pg_base / "pg")
-
-    def stop_pg() -> None:
+    try:
+        with replica_stack(
+            tmp_path_factory.mktemp("replicas"),
+            pg_url=pg_url,
+            keys=keys,
+            service_env={**service_env, "DATABASE_URL": pg_url},
+        ) as stack:
+            stack.pg_dir = pg_base / "pg"
+            yield stack
+    finally:
         stop_embedded_postgres(pg_base / "pg")
         shutil.rmtree(pg_base, ignore_errors=True)
-
-    config.add_cleanup(stop_pg)
-    started = replica_stack(
-        tmp_path_factory.mktemp("replicas"),
-        pg_url=pg_url,
-        keys=keys,
-        service_env={**service_env, "DATABASE_URL": pg_url},
-    )
-    stack = started.__enter__()
-    config.add_cleanup(lambda: started.__exit__(None, None, None))
-    stack.pg_dir = pg_base / "pg"
-    config.stash[_STACK_KEY] = stack
-    return stack

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from pathlib import Path
 
 import asyncpg
 import grpc
@@ -39,7 +38,6 @@ from tests.replicas_support import (
     QUESTION,
     SERVICES,
     ReplicaStack,
-    shared_replica_stack,
 )
 
 LANES = 6
@@ -48,16 +46,6 @@ LANES = 6
 ENDED_WITHIN_SECONDS = LEASE_SECONDS * 2
 STOPPED_REASON = "the orchestrator stopped while this run was working"
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def faults(
-    request: pytest.FixtureRequest,
-    tmp_path_factory: pytest.TempPathFactory,
-    dev_keys: tuple[Path, Path],
-    service_env: dict[str, str],
-) -> ReplicaStack:
-    return shared_replica_stack(request, tmp_path_factory, keys=dev_keys, service_env=service_env)
 
 
 def _load(stack: ReplicaStack) -> MixedLoad:
@@ -123,12 +111,12 @@ async def _runs_of(pg_url: str, org: str) -> list[asyncpg.Record]:
 
 
 async def test_sigkill_of_one_replica_of_each_service_fails_only_its_calls_in_flight_and_loses_nothing(
-    faults: ReplicaStack,
+    replicas: ReplicaStack,
 ) -> None:
-    load = _load(faults)
+    load = _load(replicas)
     load.start()
     kills: list[tuple[str, float, set[str]]] = []
-    hanging_org = faults.new_org()
+    hanging_org = replicas.new_org()
     ended_after = 0.0
     restarted: list[ServiceProcess] = []
     try:
@@ -136,21 +124,21 @@ async def test_sigkill_of_one_replica_of_each_service_fails_only_its_calls_in_fl
         for generation, service in enumerate(SERVICES, start=1):
             hanging = None
             if service == "orchestrator":
-                hanging = await _hanging_run_on(faults, 0, hanging_org)
+                hanging = await _hanging_run_on(replicas, 0, hanging_org)
             in_flight = {r.key for r in load.records if not r.ended}
             killed_at = time.monotonic()
-            faults.local.kill(service, 0)
+            replicas.local.kill(service, 0)
             kills.append((service, killed_at, in_flight))
             # The load goes on over the two replicas left.
             await load.wait_for_calls(LANES, after=killed_at)
             if hanging is not None:
                 assert await asyncio.wait_for(hanging, 30) == grpc.StatusCode.UNAVAILABLE
-                rows = await poll_async_runs(faults.pg_url, hanging_org, within=30)
+                rows = await poll_async_runs(replicas.pg_url, hanging_org, within=30)
                 ended_after = time.monotonic() - killed_at
                 assert [r["state"] for r in rows] == ["FAILED"]
                 assert STOPPED_REASON in rows[0]["reason"]
             # Started again at once; its start-up overlaps the next kill.
-            restarted.append(faults.local.start(service, 0, generation=generation))
+            restarted.append(replicas.local.start(service, 0, generation=generation))
         for proc in restarted:
             await asyncio.to_thread(wait_for_health, proc, timeout=120)
         await load.wait_for_calls(LANES, after=time.monotonic())
@@ -163,14 +151,14 @@ async def test_sigkill_of_one_replica_of_each_service_fails_only_its_calls_in_fl
     assert all(r.key in in_flight_at_a_kill for r in failed), failed
     assert all(r.outcome == "UNAVAILABLE" or r.outcome.startswith("RUN_") for r in failed), failed
     assert len(failed) <= LANES * len(SERVICES)
-    missing = await load.missing(faults.pg_url)
+    missing = await load.missing(replicas.pg_url)
     assert missing.nothing, missing
     assert sum(r.ok for r in load.records) > 4 * LANES
     # Ended by a surviving replica within the lease (plus one upkeep round).
     assert ended_after < ENDED_WITHIN_SECONDS + 1.0, ended_after
     assert all(r.detail for r in failed), "a failure without its reason"
     # No run of the load is left working with nobody on it.
-    await poll_async_runs(faults.pg_url, load.org, within=ENDED_WITHIN_SECONDS + 1.0)
+    await poll_async_runs(replicas.pg_url, load.org, within=ENDED_WITHIN_SECONDS + 1.0)
 
 
 async def poll_async_runs(pg_url: str, org: str, *, within: float) -> list[asyncpg.Record]:
@@ -195,12 +183,12 @@ async def _pg_ctl(call: str, *args: object) -> None:
 
 
 async def test_postgres_restarted_under_load_every_service_goes_not_serving_and_comes_back_losing_nothing(
-    faults: ReplicaStack,
+    replicas: ReplicaStack,
 ) -> None:
-    assert faults.pg_dir is not None
-    data_dir, url = faults.pg_dir, faults.pg_url
-    processes = faults.local.processes()
-    load = _load(faults)
+    assert replicas.pg_dir is not None
+    data_dir, url = replicas.pg_dir, replicas.pg_url
+    processes = replicas.local.processes()
+    load = _load(replicas)
     load.start()
     try:
         await load.wait_for_calls(LANES, after=time.monotonic())

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -20,20 +19,10 @@ from cairn_libs.stack import (
     wait_for_health,
     wait_for_http,
 )
-from tests.replicas_support import QUESTION, ReplicaStack, shared_replica_stack
+from tests.replicas_support import QUESTION, ReplicaStack
 
 # The first module to use the shared stack starts its twelve processes.
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def replicas(
-    request: pytest.FixtureRequest,
-    tmp_path_factory: pytest.TempPathFactory,
-    dev_keys: tuple[Path, Path],
-    service_env: dict[str, str],
-) -> ReplicaStack:
-    return shared_replica_stack(request, tmp_path_factory, keys=dev_keys, service_env=service_env)
 
 
 @pytest.fixture(scope="module")

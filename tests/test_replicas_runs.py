@@ -5,7 +5,6 @@ a third, and twenty approvals at once spread over the replicas make one write.""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import asyncpg
 import grpc
@@ -16,20 +15,10 @@ from cairn.orchestrator.v1 import orchestrator_pb2 as pb
 from cairn.orchestrator.v1 import orchestrator_pb2_grpc
 from cairn_libs.clients import call_metadata, channel
 from cairn_libs.stack import SCRIBE_AGENT
-from tests.replicas_support import ReplicaStack, shared_replica_stack
+from tests.replicas_support import ReplicaStack
 
 # The first module to use the shared stack starts its twelve processes.
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def replicas(
-    request: pytest.FixtureRequest,
-    tmp_path_factory: pytest.TempPathFactory,
-    dev_keys: tuple[Path, Path],
-    service_env: dict[str, str],
-) -> ReplicaStack:
-    return shared_replica_stack(request, tmp_path_factory, keys=dev_keys, service_env=service_env)
 
 
 def _orchestrator(stack: ReplicaStack, index: int) -> grpc.aio.Channel:
