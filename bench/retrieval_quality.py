@@ -45,9 +45,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
-import random
 import re
 import shutil
 import tempfile
@@ -62,7 +60,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from bench.figures import Figure
+from bench.figures import Figure, bootstrap_interval, known_item_ndcg_at_10
 from bench.harness import STATE
 from cairn.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from cairn_libs.clients import call_metadata
@@ -88,7 +86,6 @@ LIBRARY_DEPTH = 100
 RRF_K = 60
 CAIRN_K = 50
 INGEST_BATCH = 16
-BOOTSTRAP_ROUNDS = 2000
 
 console = Console(stderr=True)
 
@@ -234,21 +231,8 @@ def build_corpus(
 # ---------------------------------------------------------------- scoring
 
 
-def ndcg_at_10(ranked_documents: Sequence[str], relevant: str) -> float:
-    top = list(ranked_documents[:10])
-    return 1 / math.log2(top.index(relevant) + 2) if relevant in top else 0.0
-
-
 def distinct(document_ids: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(document_ids))
-
-
-def bootstrap(values: Sequence[float], *, seed: int = 7) -> tuple[float, float]:
-    """95% bootstrap interval of the mean (paired when `values` are differences)."""
-    rng = random.Random(seed)
-    n = len(values)
-    means = sorted(sum(rng.choices(values, k=n)) / n for _ in range(BOOTSTRAP_ROUNDS))
-    return means[int(0.025 * BOOTSTRAP_ROUNDS)], means[int(0.975 * BOOTSTRAP_ROUNDS) - 1]
 
 
 # ---------------------------------------------------------------- the library baseline
@@ -405,7 +389,7 @@ def _evaluate(
         "plain RRF": library.rrf,
     }
     return {
-        name: [ndcg_at_10(run(item.query), item.document_id) for item in corpus.items]
+        name: [known_item_ndcg_at_10(run(item.query), item.document_id) for item in corpus.items]
         for name, run in systems.items()
     }
 
@@ -421,7 +405,7 @@ def _report(
 
     def add(name: str, values: list[float]) -> None:
         mean = sum(values) / len(values)
-        low, high = bootstrap(values)
+        low, high = bootstrap_interval(values, seed=7)
         figure_name = f"quality {corpus.name} {name} nDCG@10"
         before = previous.get(figure_name)
         table.add_row(

@@ -41,7 +41,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import math
 import os
 import pickle
 import random
@@ -59,7 +58,7 @@ from pathlib import Path
 import structlog
 from rich.console import Console
 
-from bench.figures import Figure, percentile
+from bench.figures import Figure, bootstrap_interval, known_item_ndcg_at_10, percentile
 from bench.harness import STATE
 from cairn_libs.acl import AclPredicate
 from cairn_libs.db import Database, load_migrations
@@ -624,20 +623,8 @@ def _page_ranks(chunk_ids: Sequence[str]) -> list[str]:
 def _scores(pages: Sequence[str], relevant: str) -> tuple[float, float]:
     """nDCG@10 and MRR@10 of one known-item query (one relevant page)."""
     top = list(pages[:10])
-    if relevant not in top:
-        return 0.0, 0.0
-    position = top.index(relevant) + 1
-    return 1 / math.log2(position + 1), 1 / position
-
-
-def _bootstrap_interval(
-    differences: Sequence[float], *, rounds: int = 2000, seed: int = 3
-) -> tuple[float, float]:
-    """A 95% paired-bootstrap interval of the mean of per-query differences."""
-    rng = random.Random(seed)
-    n = len(differences)
-    means = sorted(sum(rng.choices(differences, k=n)) / n for _ in range(rounds))
-    return means[int(0.025 * rounds)], means[int(0.975 * rounds) - 1]
+    mrr = 1 / (top.index(relevant) + 1) if relevant in top else 0.0
+    return known_item_ndcg_at_10(pages, relevant), mrr
 
 
 async def _quality(
@@ -683,7 +670,7 @@ async def _quality(
     differences = [
         h - b for (h, _), (b, _) in zip(per_query["hybrid"], per_query[best], strict=True)
     ]
-    low, high = _bootstrap_interval(differences)
+    low, high = bootstrap_interval(differences, seed=3)
     gain = sum(differences) / len(differences)
     interval = {**params, "against": best, "interval_95": [round(low, 4), round(high, 4)]}
     figures.append(Figure(f"retrieval.{label}.hybrid_gain.ndcg@10", gain, "", interval))
