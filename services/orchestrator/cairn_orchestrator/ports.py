@@ -226,9 +226,44 @@ class CopyStore(Protocol):
     ) -> ErasedCopies: ...
 
 
-class ConfirmationStore(Protocol):
-    """Confirmed writes and run ownership (postgres.py). Each method is one
-    transaction; the docstrings there say what each guarantees."""
+class RunCancels(Protocol):
+    """A person cancels a run (pg/cancels.py); each method is one transaction."""
+
+    async def cancel_run(
+        self, *, org_id: str, run_id: str, user_id: str, words: str, span_id: str
+    ) -> Run | RunState | None:
+        """The cancelled run; the state it already ended in; None: not the caller's."""
+        ...
+
+    async def record_cancelled(
+        self, *, org_id: str, run_id: str, steps: Sequence[StepRecord]
+    ) -> None: ...
+
+    async def cancelled_runs(self, run_ids: Sequence[str]) -> list[str]: ...
+
+
+class RunLeases(Protocol):
+    """This process's run leases and the sweeps over runs and confirmations whose
+    time ran out (pg/leases.py)."""
+
+    async def renew_leases(self, run_ids: Sequence[str]) -> None: ...
+
+    async def release_leases(self) -> None: ...
+
+    async def recover_stopped_runs(
+        self, *, ttl_seconds: float, limit: int = 100
+    ) -> list[Recovered]: ...
+
+    async def confirmations_due(self) -> bool:
+        """Whether any open confirmation is past its expiry."""
+        ...
+
+    async def expire_confirmations(self, *, span_id: str, limit: int = 100) -> list[str]: ...
+
+
+class ConfirmationStore(RunCancels, RunLeases, Protocol):
+    """Confirmed writes, and with them cancels and run ownership (pg/). Each method
+    is one transaction; the docstrings there say what each guarantees."""
 
     async def request_confirmation(
         self,
@@ -268,35 +303,9 @@ class ConfirmationStore(Protocol):
         """True when the run was cancelled while the write was carried out."""
         ...
 
-    async def cancel_run(
-        self, *, org_id: str, run_id: str, user_id: str, words: str, span_id: str
-    ) -> Run | RunState | None:
-        """The cancelled run; the state it already ended in; None: not the caller's."""
-        ...
-
-    async def record_cancelled(
-        self, *, org_id: str, run_id: str, steps: Sequence[StepRecord]
-    ) -> None: ...
-
-    async def cancelled_runs(self, run_ids: Sequence[str]) -> list[str]: ...
-
     async def pending_confirmations(
         self, *, org_id: str, user_id: str | None
     ) -> list[Confirmation]: ...
-
-    async def renew_leases(self, run_ids: Sequence[str]) -> None: ...
-
-    async def release_leases(self) -> None: ...
-
-    async def recover_stopped_runs(
-        self, *, ttl_seconds: float, limit: int = 100
-    ) -> list[Recovered]: ...
-
-    async def confirmations_due(self) -> bool:
-        """Whether any open confirmation is past its expiry."""
-        ...
-
-    async def expire_confirmations(self, *, span_id: str, limit: int = 100) -> list[str]: ...
 
 
 class Clock(Protocol):
