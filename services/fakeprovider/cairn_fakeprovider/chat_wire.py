@@ -17,8 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+from cairn_libs.token_estimate import tokens_for_chars
+
 from .errors import RequestRejected
-from .reply import CHARS_PER_TOKEN, Reply
+from .reply import Reply
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
@@ -387,8 +389,9 @@ def _parse_stream_options(raw: object, *, stream: bool) -> bool:
 
 
 def token_estimate(text_length: int) -> int:
-    """Four characters to a token, never zero: close enough for budgets and ceilings."""
-    return max(1, math.ceil(text_length / CHARS_PER_TOKEN))
+    """Four characters to a token (cairn_libs.token_estimate), never zero, as a vendor
+    never reports a call that read or wrote nothing: close enough for budgets and ceilings."""
+    return max(1, tokens_for_chars(text_length))
 
 
 def prompt_tokens(request: ChatRequest) -> int:

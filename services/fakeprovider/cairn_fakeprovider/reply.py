@@ -15,9 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from cairn_libs.token_estimate import CHARS_PER_TOKEN
+
 OFFLINE_PREFIX = "[offline demo model] "
 MODEL_ID = "cairn-offline-demo"
-CHARS_PER_TOKEN = 4
 
 FinishReason = Literal["stop", "tool_calls", "length"]
 
