@@ -26,12 +26,12 @@ import grpc
 import structlog
 
 from cairn.memory.v1 import memory_pb2_grpc
+from cairn_libs.clock import Clock, SystemClock
 from cairn_libs.db import Database, database_url
 from cairn_libs.embed_cache import cached
 from cairn_libs.embedding import Embedder, embedder_from_env
 from cairn_libs.errors import CairnError
 from cairn_libs.settings import positive_number
-from cairn_memory.clock import Clock, SystemClock
 from cairn_memory.copies import CopyHolders, NoOtherHolders, OrchestratorCopies
 from cairn_memory.keeper import MemoryKeeper
 from cairn_memory.postgres import PostgresStore, memory_database

@@ -8,8 +8,6 @@ values, so each rule is tested without a database.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import enum
 import hashlib
 import re
@@ -22,6 +20,7 @@ from typing import Final
 
 from cairn_libs import subject_access
 from cairn_libs.identity import CallIdentity
+from cairn_libs.page_token import UnreadablePageToken, decode_page_token, encode_page_token
 from cairn_memory.errors import NotOneSentence, ProfileValueChanged, RefusedInput, SecretInText
 from cairn_memory.screening import secret_kind, sentence_count
 
@@ -46,7 +45,6 @@ MAX_CONVERSATION_ID_CHARS: Final = 256
 DEFAULT_TTL: Final = timedelta(days=90)
 DEFAULT_HELD_PAGE: Final = 100
 MAX_HELD_PAGE: Final = 1000
-MAX_PAGE_TOKEN_CHARS: Final = 512
 # What a refusal shows of a caller's value: enough to recognise it, never a wall of text.
 MAX_ECHO_CHARS: Final = 64
 # The instants google.protobuf.Timestamp can carry; PostgreSQL holds a wider range.
@@ -568,9 +566,13 @@ def held_scope(*, org_id: str, subject: Subject) -> str:
     return hashlib.sha256(named).hexdigest()[:16]
 
 
+_HELD_TOKEN_FIELDS: Final = ("c", "m", "s")
+
+
 def format_page_token(cursor: HeldCursor) -> str:
-    raw = f"{cursor.created_at.isoformat()}|{cursor.memory_id}|{cursor.scope}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return encode_page_token(
+        {"c": cursor.created_at.isoformat(), "m": cursor.memory_id, "s": cursor.scope}
+    )
 
 
 def parse_page_token(token: str) -> HeldCursor:
@@ -579,15 +581,13 @@ def parse_page_token(token: str) -> HeldCursor:
         f"page_token {shown(token)} is not a token Held gave out; pass next_page_token "
         "from the previous page unchanged, or leave it empty for the first page"
     )
-    if len(token) > MAX_PAGE_TOKEN_CHARS:
-        raise refusal
     try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
-        moment, memory_id, scope = raw.split("|")
-        created_at = datetime.fromisoformat(moment)
-        memory_id = str(uuid.UUID(memory_id))
+        fields = decode_page_token(token, fields=_HELD_TOKEN_FIELDS)
+        created_at = datetime.fromisoformat(fields["c"])
+        memory_id = str(uuid.UUID(fields["m"]))
+        scope = fields["s"]
         checked_moment(created_at, field_name="page_token")
-    except (binascii.Error, UnicodeDecodeError, ValueError, OverflowError, RefusedInput):
+    except (UnreadablePageToken, ValueError, OverflowError, RefusedInput):
         raise refusal from None
     return HeldCursor(created_at=created_at, memory_id=memory_id, scope=scope)
 

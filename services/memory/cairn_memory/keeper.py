@@ -16,10 +16,10 @@ from typing import Final
 import structlog
 from opentelemetry import trace
 
+from cairn_libs.clock import Clock
 from cairn_libs.embedding import Embedder
 from cairn_libs.errors import Denied
 from cairn_libs.identity import CallIdentity, Principal
-from cairn_memory.clock import Clock
 from cairn_memory.copies import CopyHolders, NoOtherHolders
 from cairn_memory.domain import (
     DEFAULT_TTL,

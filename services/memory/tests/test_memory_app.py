@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
+from cairn_libs.clock import FakeClock
 from cairn_libs.db import Database
 from cairn_libs.embedding import Embedder
 from cairn_libs.identity import CallIdentity, Principal
 from cairn_memory.app import MemoryApp
-from cairn_memory.clock import FakeClock
 from cairn_memory.domain import HeldQuery, RecallMode, RecallQuery, RememberDraft, SubjectKind
 from cairn_memory.keeper import MemoryKeeper
 from cairn_memory.postgres import PostgresStore, migrations

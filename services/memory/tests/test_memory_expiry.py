@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from cairn_libs.clock import FakeClock
 from cairn_libs.db import Database
 from cairn_libs.errors import Denied
 from cairn_libs.identity import CallIdentity, Principal
-from cairn_memory.clock import FakeClock
 from cairn_memory.domain import (
     BlockDraft,
     BlockSearch,

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import cairn_memory.pg_memories as pg_memories
+from cairn_libs.clock import FakeClock
 from cairn_libs.db import Database
 from cairn_libs.embedding import Embedder
 from cairn_libs.identity import CallIdentity, Principal
-from cairn_memory.clock import FakeClock
 from cairn_memory.domain import RecallMode, RecallQuery, RememberDraft, Subject, SubjectKind
 from cairn_memory.keeper import MemoryKeeper
 from cairn_memory.pg_memories import semantic_recall_args, semantic_recall_sql

@@ -9,10 +9,10 @@ from datetime import UTC, datetime
 
 import pytest
 
+from cairn_libs.clock import FakeClock
 from cairn_libs.db import Database
 from cairn_libs.errors import ConfigurationError
 from cairn_libs.identity import CallIdentity, Principal
-from cairn_memory.clock import FakeClock
 from cairn_memory.domain import BlockDraft, RecallQuery, RememberDraft, Subject, SubjectKind
 from cairn_memory.keeper import MemoryKeeper
 from cairn_memory.postgres import PostgresStore
