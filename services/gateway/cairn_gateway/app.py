@@ -30,8 +30,9 @@ from cairn_gateway.config import (
 from cairn_gateway.domain import UnusableProvider
 from cairn_gateway.embeddings import Embeddings
 from cairn_gateway.errors import ConfigInvalid, CooldownsUnavailable
+from cairn_gateway.openai_compatible import OpenAICompatibleProvider
 from cairn_gateway.postgres import PostgresCooldowns, PostgresLedger
-from cairn_gateway.provider import ChatProvider, OpenAICompatibleProvider, api_key_for
+from cairn_gateway.provider import ChatProvider, api_key_for
 from cairn_gateway.router import Router
 from cairn_gateway.servicer import SERVICE_NAME, GatewayServicer
 from cairn_libs.db import Database, database_url, load_migrations

@@ -261,6 +261,11 @@ def _pin(routes: list[Route], request: ChatRequest) -> list[Route]:
     return pinned
 
 
+def reasoning_effort_for(provider: ProviderConfig, tier: Tier) -> ReasoningEffort | None:
+    """The effort a tier asks of a provider that takes one; None for one that does not."""
+    return REASONING_EFFORT[tier] if provider.supports_reasoning_effort else None
+
+
 def list_models(providers: Sequence[ProviderConfig]) -> list[ModelListing]:
     return [
         ModelListing(p.name, model, p.tiers_of(model), p.offline_demo)

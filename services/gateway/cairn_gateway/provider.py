@@ -1,46 +1,27 @@
-"""One model vendor over HTTP: its credentials, its base URL, its connection pool.
+"""The one seam between the failover loop and a model vendor.
 
-A provider owns one aiohttp session for its whole life (keep-alive to the vendor is
-most of the latency a gateway can save) and closes it on stop. aiohttp rather than
-httpx because the gateway's own overhead is what the benchmark holds it to, and
-httpx costs several times as much CPU per request. Every way an HTTP call can go
-wrong is translated here, at the boundary, into an AttemptFailed with an Outcome, so
-the failover loop never sees an aiohttp exception. The key lives only in the
-session's Authorization header and in the redactor that scrubs it from any text a
-vendor sends back.
+A provider takes the domain request and the route it is tried under and returns a
+Completion (`complete`), or the content deltas of one streamed answer followed by
+its Completion (`stream`). Everything a vendor's protocol says (request bodies,
+response JSON, server-sent events, error bodies, Retry-After headers) lives behind
+it, in one class per protocol the gateway speaks; today that is OpenAI
+chat-completions, spoken by every vendor (`openai_compatible.py`). The router
+(`router.py`) only orders providers, retries, cools them down and keeps their
+ceilings, as pydantic-ai's FallbackModel does over models that own their requests;
+like httpx's transport, the seam is small enough that a test can put a scripted
+provider behind it and drive the whole loop without a network.
+
+Every way an attempt can fail is an `AttemptFailed` with an Outcome, raised by the
+provider at its boundary, so the loop never sees a transport's exception.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from typing import Any, Protocol
-
-import aiohttp
-from yarl import URL
+from typing import Protocol
 
 from cairn_gateway.config import ProviderConfig
-from cairn_gateway.domain import (
-    Attempt,
-    Completion,
-    Outcome,
-    Redactor,
-    error_for_attempt,
-    outcome_for_status,
-)
-from cairn_gateway.errors import GatewayError, ProviderUnavailable
-from cairn_gateway.wire import (
-    DONE_SENTINEL,
-    MalformedResponse,
-    SseDecoder,
-    embeddings_body,
-    error_text,
-    error_text_from_body,
-    loads_vendor_json,
-    parse_completion,
-    parse_embeddings,
-    parse_retry_after,
-)
+from cairn_gateway.domain import ChatRequest, Completion, ContentDelta, Outcome, Route
 
 
 class AttemptFailed(Exception):
@@ -62,26 +43,24 @@ class AttemptFailed(Exception):
 
 
 class ChatProvider(Protocol):
-    """What the failover loop needs from a vendor."""
+    """What the failover loop and the embeddings need from a vendor."""
 
     config: ProviderConfig
 
     async def complete(
-        self,
-        body: Mapping[str, Any],
-        *,
-        requested_model: str,
-        redact: Redactor,
-        timeout_seconds: float,
-    ) -> Completion: ...
+        self, request: ChatRequest, route: Route, *, timeout_seconds: float
+    ) -> Completion:
+        """The whole answer, or AttemptFailed. `timeout_seconds` bounds the call."""
+        ...
 
     def stream(
-        self, body: Mapping[str, Any], *, redact: Redactor, timeout_seconds: float
-    ) -> AsyncGenerator[object, None]: ...
+        self, request: ChatRequest, route: Route, *, timeout_seconds: float
+    ) -> AsyncGenerator[ContentDelta | Completion, None]:
+        """Content as it arrives, then exactly one Completion; or AttemptFailed at
+        any point. `timeout_seconds` bounds connecting and each silence."""
+        ...
 
     async def embed(self, texts: Sequence[str], *, model: str) -> list[list[float]]: ...
-
-    def redactor(self) -> Redactor: ...
 
     async def aclose(self) -> None: ...
 
@@ -93,213 +72,3 @@ def api_key_for(config: ProviderConfig, env: Mapping[str, str]) -> str | None:
         return ""
     value = env.get(config.api_key_env, "").strip()
     return value or None
-
-
-class OpenAICompatibleProvider:
-    def __init__(self, config: ProviderConfig, *, api_key: str, max_connections: int = 100) -> None:
-        self.config = config
-        headers = {"Accept": "application/json", **config.headers}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        self._headers = headers
-        self._secrets = (api_key,) if api_key else ()
-        self._max_connections = max_connections
-        # Parsed once: a URL built per request is measurable at thousands a second.
-        self._chat_url = URL(f"{config.base_url}/chat/completions")
-        self._embeddings_url = URL(f"{config.base_url}/embeddings")
-        # Made on first use, inside the event loop the gateway serves from.
-        self._session: aiohttp.ClientSession | None = None
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                headers=self._headers,
-                connector=aiohttp.TCPConnector(
-                    limit=self._max_connections, limit_per_host=self._max_connections
-                ),
-                timeout=aiohttp.ClientTimeout(total=None),
-                # Proxy and netrc settings of the environment must not reroute keys.
-                trust_env=False,
-                # One session serves every tenant: a vendor's cookies must not ride
-                # along on another caller's request.
-                cookie_jar=aiohttp.DummyCookieJar(),
-            )
-        return self._session
-
-    def redactor(self) -> Redactor:
-        return Redactor(secrets=self._secrets)
-
-    async def complete(
-        self,
-        body: Mapping[str, Any],
-        *,
-        requested_model: str,
-        redact: Redactor,
-        timeout_seconds: float,
-    ) -> Completion:
-        # A unary call is bounded as a whole, not only per read: a vendor that
-        # trickles bytes must not hold the caller past its timeout.
-        timeout = aiohttp.ClientTimeout(total=timeout_seconds)
-        try:
-            async with self._client().post(
-                self._chat_url, json=body, timeout=timeout, allow_redirects=False
-            ) as response:
-                status = response.status
-                content = await response.read()
-                headers = response.headers
-        except TimeoutError as exc:
-            raise AttemptFailed(Outcome.TIMEOUT, f"no answer within {timeout_seconds:g}s") from exc
-        except aiohttp.ClientPayloadError as exc:
-            raise AttemptFailed(
-                Outcome.STREAM_CUT,
-                "the response body ended before it was complete",
-                http_status=200,
-            ) from exc
-        except aiohttp.ClientError as exc:
-            raise AttemptFailed(
-                Outcome.CONNECTION_ERROR, self.redactor()(_transport_detail(exc))
-            ) from exc
-        if status != 200:
-            raise self._status_failure(status, headers, content, redact)
-        try:
-            payload = loads_vendor_json(content)
-        except ValueError as exc:
-            raise AttemptFailed(
-                Outcome.MALFORMED_RESPONSE, "the response body is not JSON", http_status=200
-            ) from exc
-        try:
-            return parse_completion(payload, requested_model=requested_model)
-        except MalformedResponse as exc:
-            raise AttemptFailed(
-                Outcome.MALFORMED_RESPONSE, redact(str(exc)), http_status=200
-            ) from exc
-
-    async def stream(
-        self, body: Mapping[str, Any], *, redact: Redactor, timeout_seconds: float
-    ) -> AsyncGenerator[object, None]:
-        """The decoded chunks of one streamed completion; ends at [DONE] or raises.
-        `timeout_seconds` bounds connecting and each silence, not a long answer."""
-        responded = False
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=timeout_seconds, sock_read=timeout_seconds
-        )
-        try:
-            async with self._client().post(
-                self._chat_url, json=body, timeout=timeout, allow_redirects=False
-            ) as response:
-                if response.status != 200:
-                    content = await response.read()
-                    raise self._status_failure(response.status, response.headers, content, redact)
-                responded = True
-                decoder = SseDecoder()
-                async for raw_line in response.content:
-                    data = decoder.feed(raw_line.decode("utf-8", "replace").rstrip("\r\n"))
-                    if data is None:
-                        continue
-                    if data.strip() == DONE_SENTINEL:
-                        return
-                    try:
-                        chunk = loads_vendor_json(data)
-                    except ValueError as exc:
-                        raise AttemptFailed(
-                            Outcome.MALFORMED_RESPONSE,
-                            "a stream event is not JSON",
-                            http_status=200,
-                        ) from exc
-                    if isinstance(chunk, dict) and "error" in chunk:
-                        raise AttemptFailed(
-                            Outcome.SERVER_ERROR,
-                            f"the stream carried an error: {redact(error_text(chunk))}",
-                            http_status=200,
-                        )
-                    yield chunk
-                raise AttemptFailed(
-                    Outcome.STREAM_CUT, "the stream ended without [DONE]", http_status=200
-                )
-        except TimeoutError as exc:
-            when = "between stream chunks" if responded else "before the stream began"
-            raise AttemptFailed(
-                Outcome.TIMEOUT,
-                f"silent for {timeout_seconds:g}s {when}",
-                http_status=200 if responded else 0,
-            ) from exc
-        except aiohttp.ClientError as exc:
-            if responded:
-                raise AttemptFailed(
-                    Outcome.STREAM_CUT, self.redactor()(_transport_detail(exc)), http_status=200
-                ) from exc
-            raise AttemptFailed(
-                Outcome.CONNECTION_ERROR, self.redactor()(_transport_detail(exc))
-            ) from exc
-
-    async def embed(self, texts: Sequence[str], *, model: str) -> list[list[float]]:
-        """Vectors from the vendor's /embeddings; any failure is the caller's error,
-        since vectors from another model could not be mixed with these."""
-        redact = self.redactor()
-        started = time.perf_counter()
-        timeout = self.config.timeout_seconds
-        try:
-            try:
-                async with self._client().post(
-                    self._embeddings_url,
-                    json=embeddings_body(texts, model),
-                    timeout=aiohttp.ClientTimeout(total=timeout),
-                    allow_redirects=False,
-                ) as response:
-                    status = response.status
-                    content = await response.read()
-                    headers = response.headers
-            except TimeoutError as exc:
-                raise AttemptFailed(Outcome.TIMEOUT, f"no answer within {timeout:g}s") from exc
-            except aiohttp.ClientError as exc:
-                raise AttemptFailed(
-                    Outcome.CONNECTION_ERROR, self.redactor()(_transport_detail(exc))
-                ) from exc
-            if status != 200:
-                raise self._status_failure(status, headers, content, redact)
-            try:
-                return parse_embeddings(loads_vendor_json(content), count=len(texts))
-            except (ValueError, MalformedResponse) as exc:
-                raise AttemptFailed(
-                    Outcome.MALFORMED_RESPONSE, redact(str(exc)), http_status=200
-                ) from exc
-        except AttemptFailed as failure:
-            raise self._embed_error(failure, model, time.perf_counter() - started) from failure
-
-    def _embed_error(self, failure: AttemptFailed, model: str, latency: float) -> GatewayError:
-        attempt = Attempt(
-            provider=self.config.name,
-            model=model,
-            outcome=failure.outcome,
-            http_status=failure.http_status,
-            latency_seconds=latency,
-            detail=failure.detail,
-            retry_after_seconds=failure.retry_after_seconds,
-        )
-        error = error_for_attempt(attempt)
-        if isinstance(error, ProviderUnavailable):
-            return ProviderUnavailable(f"embedding with {error.message}")
-        return error
-
-    def _status_failure(
-        self, status: int, headers: Mapping[str, str], content: bytes, redact: Redactor
-    ) -> AttemptFailed:
-        outcome = outcome_for_status(status)
-        if status in (401, 403):
-            # Vendors echo part of a rejected key in the message; say nothing of it.
-            source = f" from {self.config.api_key_env}" if self.config.api_key_env else ""
-            detail = f"HTTP {status}: the provider refused the key{source}"
-        else:
-            detail = f"HTTP {status}: {redact(error_text_from_body(content)) or 'no message'}"
-        retry_after = parse_retry_after(headers) if status in (429, 503) else None
-        return AttemptFailed(outcome, detail, http_status=status, retry_after_seconds=retry_after)
-
-    async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-
-def _transport_detail(exc: aiohttp.ClientError) -> str:
-    # The exception's text can hold the host, never a header; still, keep it short.
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text[:160]}" if text else type(exc).__name__

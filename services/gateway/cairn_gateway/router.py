@@ -1,6 +1,10 @@
 """The failover loop: try providers in order, retry where it helps, report every
 attempt, do no harm.
 
+The loop speaks to vendors only through the provider seam (`provider.ChatProvider`:
+domain request and route in, Completion or content deltas out); it holds ordering,
+retries, cooldowns, ceilings, budgets and instrumentation, and no vendor's JSON.
+
 For each call: plan the routes, reserve the run's budget, then per provider skip it
 if it is cooling down, take from its ceiling, send, and let
 `resilience.after_attempt` say whether to answer, retry the same provider after a
@@ -32,7 +36,6 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from cairn_gateway.config import ProviderConfig
 from cairn_gateway.domain import (
-    REASONING_EFFORT,
     Attempt,
     ChatRequest,
     ChatResult,
@@ -46,8 +49,8 @@ from cairn_gateway.domain import (
     UnusableProvider,
     all_failed_error,
     error_for_attempt,
-    estimate_prompt_tokens,
     plan_routes,
+    reasoning_effort_for,
     tokens_needed,
 )
 from cairn_gateway.errors import CooldownsUnavailable, NoUsableProvider
@@ -61,7 +64,6 @@ from cairn_gateway.resilience import (
     UnsharedCooldowns,
     after_attempt,
 )
-from cairn_gateway.wire import MalformedResponse, StreamAssembler, chat_body
 
 log = structlog.get_logger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -250,15 +252,8 @@ class Router:
         """One try against one provider; fills `record` with the attempt (and the
         completion on success) instead of raising for a provider failure."""
         config = provider.config
-        effort = REASONING_EFFORT[route.tier] if config.supports_reasoning_effort else None
-        body = chat_body(
-            request,
-            route,
-            stream=stream,
-            reasoning_effort=effort,
-            max_tokens_field=config.max_tokens_field,
-        )
-        redact = provider.redactor().with_prompt(request.messages)
+        # For the span; the provider puts it in its own request.
+        effort = reasoning_effort_for(config, route.tier)
         # Not made current: this generator yields to the servicer mid-span, and a
         # context attached across a yield would leak into the caller's code.
         span = tracer.start_span(span_name(route), kind=SpanKind.CLIENT)
@@ -286,41 +281,22 @@ class Router:
                     retry_after_seconds=grant.retry_after_seconds,
                 )
             if stream:
-                assembler = StreamAssembler(requested_model=route.model)
-                try:
-                    async with aclosing(
-                        provider.stream(body, redact=redact, timeout_seconds=timeout_seconds)
-                    ) as chunks:
-                        async for chunk in chunks:
-                            try:
-                                text = assembler.feed(chunk)
-                            except MalformedResponse as exc:
-                                raise AttemptFailed(
-                                    Outcome.MALFORMED_RESPONSE, redact(str(exc)), http_status=200
-                                ) from exc
-                            if text:
-                                yield ContentDelta(text)
-                except AttemptFailed as failure:
-                    # A finish_reason means the answer was whole; only the end marker
-                    # (and perhaps the usage chunk) was lost.
-                    if failure.outcome is not Outcome.STREAM_CUT or not assembler.finished:
-                        raise
-                try:
-                    completion = assembler.completion(
-                        prompt_tokens_estimate=estimate_prompt_tokens(
-                            request.messages, request.tools
-                        )
+                completion = None
+                async with aclosing(
+                    provider.stream(request, route, timeout_seconds=timeout_seconds)
+                ) as events:
+                    async for event in events:
+                        if isinstance(event, Completion):
+                            completion = event
+                        else:
+                            yield event
+                if completion is None:
+                    raise AssertionError(
+                        f"provider {config.name!r} ended a stream without a completion"
                     )
-                except MalformedResponse as exc:
-                    raise AttemptFailed(
-                        Outcome.MALFORMED_RESPONSE, redact(str(exc)), http_status=200
-                    ) from exc
             else:
                 completion = await provider.complete(
-                    body,
-                    requested_model=route.model,
-                    redact=redact,
-                    timeout_seconds=timeout_seconds,
+                    request, route, timeout_seconds=timeout_seconds
                 )
             record.completion = completion
             record.attempt = Attempt(

@@ -2,7 +2,9 @@
 
 Pure functions and one small assembler: a request body from a ChatRequest, a
 Completion from a response body, a Completion from streamed chunks. No I/O here,
-so each vendor quirk is a tested line rather than a branch in the HTTP code.
+so each vendor quirk is a tested line rather than a branch in the HTTP code. The
+one provider that speaks this protocol (`openai_compatible.py`) is its only user on
+the call path; the failover loop never sees these bodies.
 Tool-call arguments travel as the exact text the model produced; they are never
 parsed and re-serialised, so nothing a caller relies on changes on the way.
 """
