@@ -7,6 +7,13 @@ The memory text is quoted as a JSON string on a line of its own making, after
 its origin, so no text inside a memory can end its quote, start a new line, pose
 as another memory's origin, or close the fence (the fence's nonce is drawn
 fresh and never occurs in the content).
+
+It renders plain values (RenderableMemory: what a line reads, and nothing else),
+not memory protos: a caller keeps its own domain record, which satisfies the
+Protocol as it is, and no proto is rebuilt inside a pure path to be rendered.
+Kinds, claim types and states are the proto enum names without their prefix
+("CANDIDATE", "INFERENCE", "ACTIVE"); "" or a name it does not know reads as
+unknown, as the proto's UNSPECIFIED did.
 """
 
 from __future__ import annotations
@@ -14,28 +21,59 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Final
+from typing import Final, Protocol
 
-from cairn.memory.v1 import memory_pb2
 from cairn_libs.fence import fence
 
 NEVER_A_REASON: Final = "A memory is never on its own a reason to accept or reject anybody."
 NO_MEMORIES: Final = "No memories are held for this."
 
 _CLAIMS: Final = {
-    memory_pb2.CLAIM_TYPE_USER_STATEMENT: "a user's statement",
-    memory_pb2.CLAIM_TYPE_INFERENCE: "an inference",
+    "USER_STATEMENT": "a user's statement",
+    "INFERENCE": "an inference",
 }
 _SUBJECTS: Final = {
-    memory_pb2.SUBJECT_KIND_WORKSPACE: "the workspace",
-    memory_pb2.SUBJECT_KIND_USER: "user",
-    memory_pb2.SUBJECT_KIND_CANDIDATE: "candidate",
-    memory_pb2.SUBJECT_KIND_EMPLOYEE: "employee",
-    memory_pb2.SUBJECT_KIND_CUSTOMER: "customer",
+    "WORKSPACE": "the workspace",
+    "USER": "user",
+    "CANDIDATE": "candidate",
+    "EMPLOYEE": "employee",
+    "CUSTOMER": "customer",
 }
+# Every state but ACTIVE that a memory can be in; an unset state ("") is shown.
+_NOT_RECALLABLE: Final = frozenset({"SUPERSEDED", "EXPIRED", "ERASED"})
 
 
-def render_memories(memories: Sequence[memory_pb2.Memory], *, now: datetime) -> str:
+class RenderableMemory(Protocol):
+    """What a memory line reads. Times are timezone-aware (a naive one is taken as UTC);
+    None means not known (created_at, expires_at) or not bounded (valid_*)."""
+
+    @property
+    def text(self) -> str: ...
+    @property
+    def subject_kind(self) -> str: ...
+    @property
+    def subject_id(self) -> str: ...
+    @property
+    def author_kind(self) -> str: ...
+    @property
+    def author_id(self) -> str: ...
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def claim_type(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def created_at(self) -> datetime | None: ...
+    @property
+    def expires_at(self) -> datetime | None: ...
+    @property
+    def valid_from(self) -> datetime | None: ...
+    @property
+    def valid_until(self) -> datetime | None: ...
+
+
+def render_memories(memories: Sequence[RenderableMemory], *, now: datetime) -> str:
     """The fenced block a model reads; memories not recallable at `now` (not active,
     expired, outside their validity window, or without readable text) are left out."""
     lines = [memory_line(m) for m in memories if _shown(m, now=now)]
@@ -43,39 +81,39 @@ def render_memories(memories: Sequence[memory_pb2.Memory], *, now: datetime) -> 
     return fence("memory", body).text
 
 
-def memory_line(memory: memory_pb2.Memory) -> str:
+def memory_line(memory: RenderableMemory) -> str:
     return (
         f"- {_origin(memory)}; about {_subject(memory)}; {_claim(memory)}: {_quoted(memory.text)}"
     )
 
 
-def _origin(memory: memory_pb2.Memory) -> str:
-    provenance = memory.provenance
-    day = (
-        _day(provenance.created_at.ToDatetime(tzinfo=UTC))
-        if provenance.HasField("created_at")
-        else "an unknown date"
-    )
-    if provenance.author_kind == memory_pb2.AUTHOR_KIND_MODEL:
-        return f"written by an agent in run {_token(provenance.run_id)} on {day}"
-    if provenance.author_kind == memory_pb2.AUTHOR_KIND_PERSON:
-        return f"noted by {_token(provenance.author_id)} on {day}"
+def _origin(memory: RenderableMemory) -> str:
+    day = _day(memory.created_at) if memory.created_at is not None else "an unknown date"
+    if memory.author_kind == "MODEL":
+        return f"written by an agent in run {_token(memory.run_id)} on {day}"
+    if memory.author_kind == "PERSON":
+        return f"noted by {_token(memory.author_id)} on {day}"
     return f"of unknown origin, kept on {day}"
 
 
-def _subject(memory: memory_pb2.Memory) -> str:
-    kind = _SUBJECTS.get(memory.subject.kind, "an unknown subject")
-    if memory.subject.kind == memory_pb2.SUBJECT_KIND_WORKSPACE or not memory.subject.id:
+def _subject(memory: RenderableMemory) -> str:
+    kind = _SUBJECTS.get(memory.subject_kind, "an unknown subject")
+    if memory.subject_kind == "WORKSPACE" or not memory.subject_id:
         return kind
-    return f"{kind} {_token(memory.subject.id)}"
+    return f"{kind} {_token(memory.subject_id)}"
 
 
-def _claim(memory: memory_pb2.Memory) -> str:
+def _claim(memory: RenderableMemory) -> str:
     return f"claim type: {_CLAIMS.get(memory.claim_type, 'unknown')}"
 
 
+def _utc(moment: datetime) -> datetime:
+    # A naive time is UTC, as google.protobuf.Timestamp took it when this read protos.
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
 def _day(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%d")
+    return _utc(moment).strftime("%Y-%m-%d")
 
 
 def _token(value: str) -> str:
@@ -90,14 +128,13 @@ def _quoted(text: str) -> str:
     return json.dumps(" ".join(text.split()), ensure_ascii=False)
 
 
-def _shown(memory: memory_pb2.Memory, *, now: datetime) -> bool:
-    if memory.state not in (memory_pb2.MEMORY_STATE_ACTIVE, memory_pb2.MEMORY_STATE_UNSPECIFIED):
+def _shown(memory: RenderableMemory, *, now: datetime) -> bool:
+    if memory.state in _NOT_RECALLABLE:
         return False
     if not memory.text.strip():
         return False
-    provenance = memory.provenance
-    if provenance.HasField("expires_at") and provenance.expires_at.ToDatetime(tzinfo=UTC) <= now:
+    if memory.expires_at is not None and _utc(memory.expires_at) <= now:
         return False
-    if memory.HasField("valid_from") and memory.valid_from.ToDatetime(tzinfo=UTC) > now:
+    if memory.valid_from is not None and _utc(memory.valid_from) > now:
         return False
-    return not (memory.HasField("valid_until") and memory.valid_until.ToDatetime(tzinfo=UTC) <= now)
+    return not (memory.valid_until is not None and _utc(memory.valid_until) <= now)
