@@ -25,6 +25,7 @@ from google.protobuf import timestamp_pb2
 from cairn.memory.v1 import memory_pb2
 from cairn_libs.db import CONNECTION_ERRORS, Database
 from cairn_libs.errors import status_for
+from cairn_memory.convert import remember_draft_from_proto
 from cairn_memory.domain import (
     Author,
     AuthorKind,
@@ -43,7 +44,6 @@ from cairn_memory.domain import (
 )
 from cairn_memory.errors import RefusedInput, StorageUnavailable
 from cairn_memory.postgres import PostgresStore
-from cairn_memory.servicer import remember_draft_from_proto
 from cairn_memory.vault import PlainVault
 
 if TYPE_CHECKING:

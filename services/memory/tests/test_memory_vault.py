@@ -13,10 +13,10 @@ from cairn_libs.clock import FakeClock
 from cairn_libs.db import Database
 from cairn_libs.errors import ConfigurationError
 from cairn_libs.identity import CallIdentity, Principal
+from cairn_memory.convert import fact_to_proto, memory_to_proto
 from cairn_memory.domain import BlockDraft, RecallQuery, RememberDraft, Subject, SubjectKind
 from cairn_memory.keeper import MemoryKeeper
 from cairn_memory.postgres import PostgresStore
-from cairn_memory.servicer import fact_to_proto, memory_to_proto
 from cairn_memory.vault import AesGcmVault, PlainVault, StoredText, TextVault, vault_from_key
 
 KEY = os.urandom(32)
