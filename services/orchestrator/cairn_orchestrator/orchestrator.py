@@ -14,9 +14,6 @@ holds for confirmations, except that only the run's own caller may resolve one
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import json
 import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -27,6 +24,9 @@ from opentelemetry import trace
 
 from cairn_libs.errors import InvalidInput
 from cairn_libs.identity import Principal
+from cairn_libs.page_token import UnreadablePageToken
+from cairn_libs.page_token import decode_page_token as decode_token_fields
+from cairn_libs.page_token import encode_page_token as encode_token_fields
 from cairn_libs.subject_access import may_handle_subject_records
 from cairn_libs.telemetry import span_id_hex
 from cairn_orchestrator.confirmations import check_cancel_reason, check_note, pending_view
@@ -54,8 +54,9 @@ from cairn_orchestrator.errors import (
     UnknownAgent,
 )
 from cairn_orchestrator.events import Signal
-from cairn_orchestrator.loop import Caller, RunLoop
+from cairn_orchestrator.loop import RunLoop
 from cairn_orchestrator.ports import ConfirmationStore, CopyStore, RunStore
+from cairn_orchestrator.run_scope import Caller
 from cairn_orchestrator.specs import AgentCatalog
 
 log = structlog.get_logger(__name__)
@@ -75,16 +76,14 @@ def viewer_scope(principal: Principal) -> str | None:
 
 
 def encode_page_token(cursor: PageCursor) -> str:
-    raw = json.dumps(
+    return encode_token_fields(
         {
             "c": cursor.created_at.isoformat(),
             "r": cursor.run_id,
             # The filter the token was issued under: a token is only good for it.
             "s": cursor.state.value if cursor.state is not None else "",
-        },
-        separators=(",", ":"),
+        }
     )
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
 _RUN_ID_SHAPE = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -96,23 +95,18 @@ def decode_page_token(token: str, *, state: RunState | None = None) -> PageCurso
     if not token:
         return None
     try:
-        padded = token + "=" * (-len(token) % 4)
-        value = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        value = decode_token_fields(token, fields=("c", "r", "s"))
         created_at = datetime.fromisoformat(value["c"])
         run_id = value["r"]
         issued_for = value["s"]
         # A time whose UTC form leaves the calendar (0001-01-01+14:00) is not ours.
         if created_at.utcoffset() is not None:
             created_at.astimezone(UTC)
-    except (ValueError, KeyError, TypeError, binascii.Error, OverflowError) as exc:
+    except (UnreadablePageToken, ValueError, OverflowError) as exc:
         raise BadPageToken(token) from exc
     # A token decodes only to what encode_page_token makes: a time with its zone and a
     # run id of ours; anything else would reach the database and fail there instead.
-    if (
-        created_at.utcoffset() is None
-        or not isinstance(run_id, str)
-        or not _RUN_ID_SHAPE.fullmatch(run_id)
-    ):
+    if created_at.utcoffset() is None or not _RUN_ID_SHAPE.fullmatch(run_id):
         raise BadPageToken(token)
     wanted = state.value if state is not None else ""
     if issued_for != wanted:

@@ -31,8 +31,8 @@ from cairn_orchestrator.domain import (
     RunState,
     Step,
 )
-from cairn_orchestrator.loop import Caller
 from cairn_orchestrator.orchestrator import Orchestrator
+from cairn_orchestrator.run_scope import Caller
 
 Context = grpc.aio.ServicerContext[Any, Any]
 

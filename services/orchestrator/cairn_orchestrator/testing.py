@@ -8,11 +8,12 @@ the service imports this module.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from cairn_libs.identity import Principal
 from cairn_orchestrator.domain import (
@@ -128,7 +129,25 @@ class FakeClock:
         self.moment += timedelta(seconds=seconds)
 
 
-Reply = ModelReply | DependencyFailed | Callable[[ModelRequest], ModelReply]
+@dataclass
+class HeldReply:
+    """A model call that never answers by itself: it says when it started and
+    whether it was cancelled (as a gRPC call is cancelled with its task)."""
+
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def hold(self) -> NoReturn:
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        raise AssertionError("an event nobody sets was set")
+
+
+Reply = ModelReply | DependencyFailed | HeldReply | Callable[[ModelRequest], ModelReply]
 
 
 @dataclass
@@ -148,6 +167,8 @@ class ScriptedGateway:
         reply = self.replies.pop(0)
         if isinstance(reply, DependencyFailed):
             raise reply
+        if isinstance(reply, HeldReply):
+            await reply.hold()
         if callable(reply):
             return reply(request)
         return reply

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,12 +19,18 @@ import pytest
 from cairn_libs.db import Database
 from cairn_libs.errors import InvalidInput
 from cairn_libs.identity import Principal
-from cairn_orchestrator.domain import ModelRequest, Run, RunState, Step, StepKind
+from cairn_orchestrator.domain import Run, RunState, Step, StepKind
 from cairn_orchestrator.errors import ConfirmationClosed, RunEnded, RunNotVisible
-from cairn_orchestrator.loop import Caller
 from cairn_orchestrator.memory_tools import memory_tools
 from cairn_orchestrator.postgres import SCHEMA, migrations
-from cairn_orchestrator.testing import FakeMemory, ScriptedGateway, answer, tool_calls
+from cairn_orchestrator.run_scope import Caller
+from cairn_orchestrator.testing import (
+    FakeMemory,
+    HeldReply,
+    ScriptedGateway,
+    answer,
+    tool_calls,
+)
 from services.orchestrator.tests.test_orchestrator_confirmations import (
     Harness,
     confirmation_state,
@@ -42,25 +48,6 @@ async def database(pg_url: str) -> AsyncIterator[Database]:
     await db.close()
 
 
-@dataclass
-class HeldModel:
-    """A model call that never answers by itself: it says when it started and
-    whether it was cancelled (a gRPC call cancelled with the task)."""
-
-    started: asyncio.Event = field(default_factory=asyncio.Event)
-    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def chat(
-        self, request: ModelRequest, credentials: Any, *, deadline_seconds: float
-    ) -> Any:
-        self.started.set()
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            self.cancelled.set()
-            raise
-
-
 async def _lease_owner(harness: Harness, run_id: str) -> str | None:
     async with harness.database.pool.acquire() as conn:
         owner: str | None = await conn.fetchval(
@@ -69,9 +56,10 @@ async def _lease_owner(harness: Harness, run_id: str) -> str | None:
     return owner
 
 
-def _holding(harness: Harness) -> HeldModel:
-    held = HeldModel()
-    harness.loop._gateway = held
+def _holding(harness: Harness) -> HeldReply:
+    """The harness's next model call never answers by itself."""
+    held = HeldReply()
+    harness.gateway.replies.append(held)
     return held
 
 

@@ -28,7 +28,6 @@ from cairn_orchestrator.domain import (
     CardDetail,
     ConfirmationCard,
     ConfirmationState,
-    ModelRequest,
     Run,
     RunEventKind,
     RunState,
@@ -42,14 +41,16 @@ from cairn_orchestrator.errors import (
     RunTakenOver,
 )
 from cairn_orchestrator.knowledge_tool import search_knowledge_tool
-from cairn_orchestrator.loop import Caller, LoopSettings, RunLoop
+from cairn_orchestrator.loop import LoopSettings, RunLoop
 from cairn_orchestrator.orchestrator import Orchestrator
 from cairn_orchestrator.postgres import SCHEMA, PostgresRunStore, migrations
+from cairn_orchestrator.run_scope import Caller
 from cairn_orchestrator.specs import AgentCatalog
 from cairn_orchestrator.testing import (
     FakeClock,
     FakeMemory,
     FakeRetrieval,
+    HeldReply,
     ScriptedGateway,
     answer,
     chunk,
@@ -533,8 +534,8 @@ async def _interrupted(
     a.write_gate = asyncio.Event()
     if stop_when == "after_write":
         a.write_gate.set()
-    # Whatever A asks the model after the write never comes back.
-    a.loop._gateway = _Hanging(asyncio.Event())
+    # What A asks the model after the write never comes back.
+    a.gateway.replies.append(HeldReply())
     approving = asyncio.create_task(a.resolve(run))
     token = run.pending_confirmation.confirmation_token  # type: ignore[union-attr]
     wanted = {"executing": "EXECUTING", "after_write": "EXECUTED"}[stop_when]
@@ -594,10 +595,10 @@ async def test_a_run_stopped_with_no_approval_in_flight_is_ended_with_the_reason
     database: Database, new_org: str
 ) -> None:
     a = Harness(database, ScriptedGateway([]), new_org, lease_seconds=0.3)
-    started = asyncio.Event()
-    a.loop._gateway = _Hanging(started)
+    held = HeldReply()
+    a.gateway.replies.append(held)
     asking = asyncio.create_task(a.ask())
-    await asyncio.wait_for(started.wait(), 10)
+    await asyncio.wait_for(held.started.wait(), 10)
     await _die(a)
     await asyncio.gather(asking, return_exceptions=True)
     await asyncio.sleep(0.4)
@@ -611,31 +612,17 @@ async def test_a_run_stopped_with_no_approval_in_flight_is_ended_with_the_reason
 
 async def _die(harness: Harness) -> None:
     """What a killed process leaves: its runs' tasks gone, nothing written after."""
-    tasks = list(harness.loop._tasks)
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-
-
-@dataclass
-class _Hanging:
-    started: asyncio.Event
-
-    async def chat(
-        self, request: ModelRequest, credentials: Any, *, deadline_seconds: float
-    ) -> Any:
-        self.started.set()
-        await asyncio.Event().wait()
+    await harness.loop.abandon()
 
 
 async def test_an_orchestrator_whose_run_was_taken_over_writes_nothing_more(
     database: Database, new_org: str
 ) -> None:
     a = Harness(database, ScriptedGateway([]), new_org, lease_seconds=0.2)
-    started = asyncio.Event()
-    a.loop._gateway = _Hanging(started)
+    held = HeldReply()
+    a.gateway.replies.append(held)
     asking = asyncio.create_task(a.ask())
-    await asyncio.wait_for(started.wait(), 10)
+    await asyncio.wait_for(held.started.wait(), 10)
     run_id = a.loop.active_run_ids()[0]
     await asyncio.sleep(0.3)  # A is alive but its lease ran out (no upkeep here)
     b = Harness(database, ScriptedGateway([]), new_org)

@@ -33,8 +33,9 @@ from cairn_orchestrator.domain import (
 )
 from cairn_orchestrator.errors import DependencyFailed
 from cairn_orchestrator.knowledge_tool import search_knowledge_tool
-from cairn_orchestrator.loop import Caller, RunLoop
+from cairn_orchestrator.loop import RunLoop
 from cairn_orchestrator.memory_tools import RECALL, memory_tools
+from cairn_orchestrator.run_scope import Caller
 from cairn_orchestrator.testing import (
     ALICE,
     FakeClock,

@@ -26,8 +26,9 @@ from cairn_orchestrator.domain import (
 )
 from cairn_orchestrator.errors import BadPageToken, DependencyFailed, RunNotVisible, UnknownAgent
 from cairn_orchestrator.knowledge_tool import search_knowledge_tool
-from cairn_orchestrator.loop import Caller, RunLoop
+from cairn_orchestrator.loop import RunLoop
 from cairn_orchestrator.orchestrator import Orchestrator
+from cairn_orchestrator.run_scope import Caller
 from cairn_orchestrator.specs import AgentCatalog
 from cairn_orchestrator.testing import (
     ALICE,

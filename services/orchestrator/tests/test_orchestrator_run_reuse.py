@@ -25,9 +25,10 @@ from cairn_orchestrator.domain import (
     SearchOutcome,
 )
 from cairn_orchestrator.knowledge_tool import search_knowledge_tool
-from cairn_orchestrator.loop import Caller, RunLoop
+from cairn_orchestrator.loop import RunLoop
 from cairn_orchestrator.ports import KnowledgeSearch, MemoryRecall
 from cairn_orchestrator.remote import RetrievalClient
+from cairn_orchestrator.run_scope import Caller
 from cairn_orchestrator.testing import (
     ALICE,
     FakeClock,

@@ -17,7 +17,8 @@ from cairn_orchestrator.domain import (
     StepRecord,
 )
 from cairn_orchestrator.errors import StoreUnavailable
-from cairn_orchestrator.loop import Caller, RunLoop
+from cairn_orchestrator.loop import RunLoop
+from cairn_orchestrator.run_scope import Caller
 from cairn_orchestrator.testing import (
     ALICE,
     FakeClock,

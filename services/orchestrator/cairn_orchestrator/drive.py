@@ -1,0 +1,271 @@
+"""The resumable loop: call the model, act on its reply, until the run is at rest.
+
+Every decision is a pure function in `phases.py` (what to ask the model, what
+its reply means, which budget ran out) or `failover.py` (what a refused call
+becomes); this module only sequences the calls. `drive` can be entered from any
+phase of a persisted `LoopState`: at the start of a run, after a re-run of the
+turn, and after a person resolved a write.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import structlog
+
+from cairn_orchestrator.approvals import Approvals
+from cairn_orchestrator.cancellation import CancelWatch
+from cairn_orchestrator.domain import (
+    ErrorValue,
+    JSONValue,
+    LoopState,
+    ModelReply,
+    ModelRequest,
+    Run,
+    RunState,
+    StepKind,
+    StepRecord,
+    unstorable_in_reply,
+)
+from cairn_orchestrator.errors import DependencyFailed, RunCancelled
+from cairn_orchestrator.failover import RerunTurn, after_refused_call
+from cairn_orchestrator.phases import (
+    FinalAnswer,
+    RunToolCalls,
+    StopRun,
+    after_model_reply,
+    budget_exhaustion,
+    model_request,
+    plan_after_reply,
+    plan_tool_call,
+    resolve_citations,
+    wall_time_exhaustion,
+)
+from cairn_orchestrator.ports import ModelGateway
+from cairn_orchestrator.recording import StepRecorder, mark_error
+from cairn_orchestrator.run_scope import RunClock, RunScope
+from cairn_orchestrator.tool_execution import ToolExecution
+from cairn_orchestrator.tools import ToolRegistry
+
+log = structlog.get_logger(__name__)
+
+
+class TurnDriver:
+    def __init__(
+        self,
+        *,
+        gateway: ModelGateway,
+        registry: ToolRegistry,
+        tools: ToolExecution,
+        approvals: Approvals,
+        recorder: StepRecorder,
+        cancels: CancelWatch,
+        clock: RunClock,
+        max_completion_tokens: int,
+        model_timeout_seconds: float,
+    ) -> None:
+        self._gateway = gateway
+        self._registry = registry
+        self._tools = tools
+        self._approvals = approvals
+        self._recorder = recorder
+        self._cancels = cancels
+        self._clock = clock
+        self._max_completion_tokens = max_completion_tokens
+        self._model_timeout_seconds = model_timeout_seconds
+
+    async def drive(self, scope: RunScope, state: LoopState) -> Run:
+        spec = scope.spec
+        confirmable = self._approvals.confirmable
+        while True:
+            if state.next_phase == "confirm_writes":
+                proposed = await self._approvals.propose(scope, state)
+                if isinstance(proposed, Run):
+                    return proposed
+                state = proposed
+                continue
+            if state.next_phase == "execute_tools":
+                exhausted = wall_time_exhaustion(
+                    spec.budgets, elapsed_seconds=self._clock.elapsed(scope)
+                )
+                if exhausted is not None:
+                    return await self._recorder.finish(
+                        scope, RunState.BUDGET_EXHAUSTED, state, reason=exhausted
+                    )
+                planned = tuple(
+                    plan_tool_call(c, spec=spec, registry=self._registry, confirmable=confirmable)
+                    for c in state.pending_calls
+                )
+                state = await self._tools.execute(scope, state, planned)
+                continue
+
+            exhausted = budget_exhaustion(
+                spec.budgets, state.usage, elapsed_seconds=self._clock.elapsed(scope)
+            )
+            if exhausted is not None:
+                return await self._recorder.finish(
+                    scope, RunState.BUDGET_EXHAUSTED, state, reason=exhausted
+                )
+            request = model_request(
+                state,
+                spec=spec,
+                registry=self._registry,
+                run_id=scope.run.run_id,
+                max_completion_tokens=self._max_completion_tokens,
+            )
+            reply, record, failure = await self._call_model(scope, request)
+            if reply is None:
+                assert failure is not None
+                # A call cut short by the run's own deadline is the budget, not the gateway.
+                wall = wall_time_exhaustion(
+                    spec.budgets, elapsed_seconds=self._clock.elapsed(scope)
+                )
+                refusal = (
+                    None
+                    if wall is not None
+                    else after_refused_call(state, request.messages, failure)
+                )
+                if isinstance(refusal, RerunTurn):
+                    state = refusal.state
+                    await self._recorder.record(
+                        scope,
+                        replace(record, detail={**record.detail, "rerun": refusal.note}),
+                        state,
+                    )
+                    log.info("run.turn_rerun", provider=request.pinned_provider)
+                    continue
+                ended = (record,)
+                if wall is not None:
+                    return await self._recorder.finish(
+                        scope, RunState.BUDGET_EXHAUSTED, state, reason=wall, steps=ended
+                    )
+                if isinstance(refusal, StopRun):
+                    return await self._recorder.finish(
+                        scope, refusal.state, state, reason=refusal.reason, steps=ended
+                    )
+                return await self._recorder.finish(
+                    scope,
+                    RunState.FAILED,
+                    state,
+                    reason=f"the model call failed: {failure.message}",
+                    steps=ended,
+                )
+            unstorable = unstorable_in_reply(reply)
+            if unstorable is not None:
+                # The reply cannot be kept, so it is not acted on either: the run ends
+                # with the true reason instead of failing to store its own state.
+                error = ErrorValue(
+                    "gateway.unstorable_text",
+                    f"the model's reply held U+0000 in {unstorable}, which cannot be stored",
+                )
+                failed = replace(record, error=error)
+                return await self._recorder.finish(
+                    scope,
+                    RunState.FAILED,
+                    state,
+                    reason=f"{error.message}; the reply was not used",
+                    steps=(failed,),
+                )
+            state = after_model_reply(state, reply)
+            decision = plan_after_reply(
+                reply,
+                state=state,
+                spec=spec,
+                registry=self._registry,
+                elapsed_seconds=self._clock.elapsed(scope),
+                confirmable=confirmable,
+            )
+            if isinstance(decision, FinalAnswer):
+                citations = resolve_citations(decision.text, state.knowledge)
+                return await self._recorder.finish(
+                    scope,
+                    RunState.COMPLETED,
+                    state,
+                    answer=decision.text,
+                    citations=citations,
+                    steps=(record,),
+                )
+            if isinstance(decision, StopRun):
+                return await self._recorder.finish(
+                    scope, decision.state, state, reason=decision.reason, steps=(record,)
+                )
+            assert isinstance(decision, RunToolCalls)
+            await self._recorder.record(scope, record, state)
+            state = await self._tools.execute(scope, state, decision.calls)
+
+    async def _call_model(
+        self, scope: RunScope, request: ModelRequest
+    ) -> tuple[ModelReply | None, StepRecord, DependencyFailed | None]:
+        attributes = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.max_tokens": request.max_tokens,
+            "cairn.tier": request.tier,
+        }
+        with self._recorder.span(f"chat {request.tier}", scope, attributes) as span:
+            started = self._clock.now()
+            detail: dict[str, JSONValue] = {
+                "tier": request.tier,
+                "max_tokens": request.max_tokens,
+                "remaining_budget_tokens": request.remaining_budget_tokens,
+                "messages": len(request.messages),
+                "tools_offered": [t.name for t in request.tools],
+            }
+            try:
+                reply = await self._cancels.unless_cancelled(
+                    scope,
+                    self._gateway.chat(
+                        request,
+                        scope.credentials,
+                        deadline_seconds=self._clock.timeout(
+                            scope, ceiling=self._model_timeout_seconds
+                        ),
+                    ),
+                )
+            except RunCancelled as exc:
+                error = ErrorValue(
+                    "run.cancelled",
+                    "a person cancelled the run while the model was answering; the call was "
+                    "cancelled and its answer, if any, was not used",
+                )
+                mark_error(span, error)
+                record = self._recorder.step(
+                    StepKind.MODEL_CALL, f"tier:{request.tier}", span, started, detail, error
+                )
+                raise RunCancelled(exc.run_id, steps=(record,)) from None
+            except DependencyFailed as exc:
+                error = ErrorValue(f"gateway.{exc.status_code.lower()}", exc.message)
+                mark_error(span, error)
+                record = self._recorder.step(
+                    StepKind.MODEL_CALL, f"tier:{request.tier}", span, started, detail, error
+                )
+                return None, record, exc
+            span.set_attributes(
+                {
+                    "gen_ai.provider.name": reply.provider,
+                    "gen_ai.response.model": reply.model,
+                    "gen_ai.response.finish_reasons": [reply.finish_reason],
+                    "gen_ai.usage.input_tokens": reply.usage.prompt_tokens,
+                    "gen_ai.usage.output_tokens": reply.usage.completion_tokens,
+                }
+            )
+            detail |= {
+                "provider": reply.provider,
+                "model": reply.model,
+                "usage": reply.usage.to_json(),
+                "attempts": [a.to_json() for a in reply.attempts],
+                "finish_reason": reply.finish_reason,
+                "tool_calls": [{"id": c.id, "name": c.name} for c in reply.message.tool_calls],
+                "answer_chars": len(reply.message.content),
+            }
+        return (
+            reply,
+            self._recorder.step(
+                StepKind.MODEL_CALL,
+                reply.model or f"tier:{request.tier}",
+                span,
+                started,
+                detail,
+                None,
+            ),
+            None,
+        )

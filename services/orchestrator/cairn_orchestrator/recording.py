@@ -1,0 +1,236 @@
+"""How a run's steps are recorded: each under its own span, stored in order, behind
+the run.
+
+A step's span is a child of `invoke_agent {agent}`; its start is announced to
+StreamRun followers at once, and the finished step is stored with the span's id.
+After every step the loop state is persisted with it, so the drive loop can be
+entered again from any phase. That write goes on behind the run (the next step
+does not need it): writes of a run stay in order, and ending the run, asking a
+person or carrying out a write first waits for them (`record_many`, `written`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from datetime import datetime
+from typing import Any
+
+import structlog
+from opentelemetry import trace
+from opentelemetry.trace import Span, Status, StatusCode
+
+from cairn_libs.telemetry import span_id_hex
+from cairn_orchestrator.domain import (
+    Citation,
+    ErrorValue,
+    JSONValue,
+    LoopState,
+    Run,
+    RunState,
+    StepKind,
+    StepRecord,
+    StepStart,
+)
+from cairn_orchestrator.errors import RunCancelled
+from cairn_orchestrator.events import RunSignals
+from cairn_orchestrator.ports import RunStore
+from cairn_orchestrator.run_scope import RunClock, RunScope
+
+log = structlog.get_logger(__name__)
+tracer = trace.get_tracer(__name__)
+
+
+class StepRecorder:
+    def __init__(self, *, store: RunStore, signals: RunSignals, clock: RunClock) -> None:
+        self._store = store
+        self._signals = signals
+        self._clock = clock
+        # Per run, the last step write in flight (each waits for the one before it).
+        self._writes: dict[str, asyncio.Task[None]] = {}
+        self._write_tasks: set[asyncio.Task[None]] = set()
+
+    def span(
+        self, name: str, scope: RunScope, attributes: Mapping[str, Any]
+    ) -> AbstractContextManager[Span]:
+        return self._announced_span(name, scope, attributes)
+
+    @contextmanager
+    def _announced_span(
+        self, name: str, scope: RunScope, attributes: Mapping[str, Any]
+    ) -> Iterator[Span]:
+        """A step's span; its start is announced to StreamRun followers at once."""
+        with tracer.start_as_current_span(
+            name, attributes={**attributes, "cairn.run_id": scope.run.run_id}
+        ) as span:
+            announced = _announced_step(attributes)
+            if announced is not None:
+                kind, step_name = announced
+                self._signals.started(
+                    scope.run.run_id,
+                    StepStart(
+                        kind=kind,
+                        name=step_name,
+                        span_id=span_id_hex(span),
+                        started_at=self._clock.now(),
+                    ),
+                )
+            yield span
+
+    def step(
+        self,
+        kind: StepKind,
+        name: str,
+        span: Span,
+        started: datetime,
+        detail: Mapping[str, JSONValue],
+        error: ErrorValue | None,
+    ) -> StepRecord:
+        return StepRecord(
+            kind=kind,
+            name=name,
+            span_id=span_id_hex(span),
+            started_at=started,
+            finished_at=self._clock.now(),
+            detail=detail,
+            error=error,
+        )
+
+    async def record(self, scope: RunScope, record: StepRecord, state: LoopState | None) -> None:
+        await self.record_many(scope, (record,), state)
+
+    async def record_many(
+        self, scope: RunScope, records: Sequence[StepRecord], state: LoopState | None
+    ) -> None:
+        """Steps that finished together, in one write (with the state after them).
+
+        The write goes on behind the run: the next step does not need it stored to
+        begin (the model call does not read the memory step's row), so it starts at
+        once. Writes of a run stay in order (each waits for the one before it), and
+        whatever must see them stored (ending the run, asking a person, carrying out
+        a write) waits for them first (`written`), which is also where a failed
+        write (store away, run taken over or cancelled) stops the run."""
+        if not records:
+            return
+        run_id = scope.run.run_id
+        previous = self._writes.get(run_id)
+        write = asyncio.create_task(self._write_after(previous, scope, tuple(records), state))
+        self._writes[run_id] = write
+        self._write_tasks.add(write)
+        write.add_done_callback(self._write_tasks.discard)
+
+    async def _write_after(
+        self,
+        previous: asyncio.Task[None] | None,
+        scope: RunScope,
+        records: tuple[StepRecord, ...],
+        state: LoopState | None,
+    ) -> None:
+        try:
+            if previous is not None:
+                await previous
+            await self._store.record_steps(
+                org_id=scope.run.org_id, run_id=scope.run.run_id, steps=records, loop_state=state
+            )
+        except RunCancelled as exc:
+            # Not stored because a person cancelled the run: they are its last steps.
+            raise RunCancelled(scope.run.run_id, steps=(*exc.steps, *records)) from None
+        self._signals.changed(scope.run.run_id)
+        _log_step_errors(records)
+
+    async def written(self, scope: RunScope) -> None:
+        """Wait until every step recorded so far is stored; raise what stopped it."""
+        write = self._writes.pop(scope.run.run_id, None)
+        if write is not None:
+            await write
+
+    def forget(self, run_id: str) -> None:
+        """The run is no longer driven here."""
+        write = self._writes.pop(run_id, None)
+        if write is not None:
+            # A run that ended by an error with a write still in flight: the write
+            # finishes (or fails) on its own; its outcome is observed, not lost.
+            write.add_done_callback(_observe_write)
+
+    async def drain(self) -> None:
+        """Let every write in flight land (a step write extends its run's lease)."""
+        await asyncio.gather(*self._write_tasks, return_exceptions=True)
+
+    async def finish(
+        self,
+        scope: RunScope,
+        outcome: RunState,
+        state: LoopState | None,
+        *,
+        answer: str = "",
+        citations: Sequence[Citation] = (),
+        reason: str = "",
+        steps: Sequence[StepRecord] = (),
+    ) -> Run:
+        """End the run; `steps` that ended it are written in the same statement."""
+        await self.written(scope)
+        usage = state.usage if state is not None else scope.run.usage
+        finished = await self._store.finish_run(
+            org_id=scope.run.org_id,
+            run_id=scope.run.run_id,
+            state=outcome,
+            loop_state=state,
+            usage=usage,
+            answer=answer,
+            citations=citations,
+            reason=reason,
+            steps=steps,
+        )
+        self._signals.changed(scope.run.run_id)
+        _log_step_errors(steps)
+        log.info(
+            "run.finished",
+            state=outcome.value,
+            model_calls=usage.model_calls,
+            total_tokens=usage.total_tokens,
+            citations=len(citations),
+        )
+        return finished
+
+
+def mark_error(span: Span, error: ErrorValue | None) -> None:
+    if error is not None:
+        span.set_attribute("error.type", error.code)
+        span.set_status(Status(StatusCode.ERROR, error.code))
+
+
+_ANNOUNCED: dict[str, tuple[StepKind, str]] = {
+    "recall_memory": (StepKind.MEMORY_READ, "memory"),
+    "retrieve": (StepKind.RETRIEVAL, "retrieval"),
+    "archive_conversation": (StepKind.CONVERSATION_ARCHIVE, "conversation"),
+}
+
+
+def _announced_step(attributes: Mapping[str, Any]) -> tuple[StepKind, str] | None:
+    """The kind and provisional name of the step a span covers, from its attributes."""
+    operation = attributes.get("gen_ai.operation.name")
+    if operation == "chat":
+        return StepKind.MODEL_CALL, f"tier:{attributes.get('cairn.tier', '')}"
+    if operation == "execute_tool":
+        return StepKind.TOOL_CALL, str(attributes.get("gen_ai.tool.name", ""))
+    if operation == "request_confirmation":
+        return StepKind.CONFIRMATION_REQUESTED, str(attributes.get("gen_ai.tool.name", ""))
+    return _ANNOUNCED.get(str(operation))
+
+
+def _observe_write(task: asyncio.Task[None]) -> None:
+    """A step write nobody waited for any more (its run ended by an error first)."""
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is not None:
+        log.warning("run.steps_not_recorded", error=type(error).__name__)
+
+
+def _log_step_errors(records: Sequence[StepRecord]) -> None:
+    for record in records:
+        if record.error is not None:
+            log.info(
+                "run.step_error", kind=record.kind.value, step=record.name, code=record.error.code
+            )
