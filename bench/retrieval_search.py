@@ -4,7 +4,7 @@ quality (nDCG@10, MRR@10) of keyword, dense and hybrid on documentation nobody
 on the team wrote.
 
 Everything runs in this process on the service's own classes (Ingestor,
-Searcher, ChunkStore, the vector stores) against the benchmark's embedded
+Searcher, the PostgreSQL adapters, the vector stores) against the benchmark's embedded
 PostgreSQL: the figures are the service's work without the gRPC hop.
 
 Dense and hybrid search are measured on both embedded engines: Qdrant Edge (the
@@ -62,7 +62,7 @@ from bench.figures import Figure, bootstrap_interval, known_item_ndcg_at_10, per
 from bench.harness import STATE
 from cairn_libs.acl import AclPredicate
 from cairn_libs.db import Database, load_migrations
-from cairn_libs.embedding import LOCAL_DIMENSIONS, LocalOnnxEmbedder
+from cairn_libs.embedding import LOCAL_DIMENSIONS, Embedder, LocalOnnxEmbedder
 from cairn_libs.identity import Principal
 from cairn_libs.stack import start_embedded_postgres
 from cairn_retrieval.app import MIGRATIONS, SCHEMA
@@ -74,9 +74,14 @@ from cairn_retrieval.domain import (
     rank,
 )
 from cairn_retrieval.edge_store import EdgeVectorStore
+from cairn_retrieval.embedders import EmbeddingSpace
 from cairn_retrieval.html_text import html_to_page
 from cairn_retrieval.ingest import Ingestor
-from cairn_retrieval.postgres import ChunkStore
+from cairn_retrieval.postgres.corpus_counts import PostgresCorpusCounts
+from cairn_retrieval.postgres.document_reads import PostgresDocumentReads
+from cairn_retrieval.postgres.document_writes import PostgresDocumentWrites
+from cairn_retrieval.postgres.search_reads import PostgresSearchReads
+from cairn_retrieval.postgres.vector_ledger import PostgresVectorLedger
 from cairn_retrieval.search import Searcher
 from cairn_retrieval.tokens import query_terms
 from cairn_retrieval.vectors import QdrantVectorStore, VectorPoint, VectorStore
@@ -329,12 +334,38 @@ class VectorCache:
 class Corpus:
     name: str
     org_id: str
-    chunks: ChunkStore
+    db: Database
+    chunks: PostgresSearchReads
     engines: dict[str, VectorStore]
 
     async def close(self) -> None:
         for store in self.engines.values():
             await store.close()
+
+
+def _space(db: Database, vectors: VectorStore, embedder: Embedder | None) -> EmbeddingSpace:
+    return EmbeddingSpace(ledger=PostgresVectorLedger(db), vectors=vectors, embedder=embedder)
+
+
+def _ingestor(db: Database, vectors: VectorStore, embedder: Embedder | None) -> Ingestor:
+    return Ingestor(
+        writes=PostgresDocumentWrites(db),
+        reads=PostgresDocumentReads(db),
+        counts=PostgresCorpusCounts(db),
+        vectors=vectors,
+        embedder=embedder,
+        space=_space(db, vectors, embedder),
+    )
+
+
+def _searcher(corpus: Corpus, engine: str, embedder: Embedder | None) -> Searcher:
+    vectors = corpus.engines[engine]
+    return Searcher(
+        chunks=corpus.chunks,
+        vectors=vectors,
+        embedder=embedder,
+        space=_space(corpus.db, vectors, embedder),
+    )
 
 
 def _stores(folder: Path) -> dict[str, VectorStore]:
@@ -437,15 +468,15 @@ async def _corpus(
     org_id = f"bench-{name}-{CORPUS_VERSION}"
     folder = HERE / f"{name}-{CORPUS_VERSION}"
     marker = folder / "complete"
-    chunks = ChunkStore(db)
+    chunks = PostgresSearchReads(db)
     if marker.exists():
-        return Corpus(name, org_id, chunks, _stores(folder))
+        return Corpus(name, org_id, db, chunks, _stores(folder))
     console.print(f"[bold]building corpus {name}[/] (kept under {folder} for later runs)")
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     await _forget_org(db, org_id)
     stores = _stores(folder)
-    ingestor = Ingestor(chunks=chunks, vectors=BothStores(stores), embedder=cache)
+    ingestor = _ingestor(db, BothStores(stores), cache)
     total = 0
     for number, documents in enumerate(copies):
         total += await _ingest(ingestor, org_id, documents, f"{name} copy {number}")
@@ -457,7 +488,7 @@ async def _corpus(
         for table in ("chunks", "postings", "term_stats", "audiences", "documents"):
             await conn.execute(f"VACUUM ANALYZE {table}")
     marker.write_text(f"{total} chunks\n")
-    return Corpus(name, org_id, chunks, stores)
+    return Corpus(name, org_id, db, chunks, stores)
 
 
 # ---------------------------------------------------------------- measuring
@@ -496,8 +527,8 @@ async def _measure_corpus(
     size: str,
 ) -> list[Figure]:
     figures: list[Figure] = []
-    keyword_searcher = Searcher(chunks=corpus.chunks, vectors=corpus.engines["edge"], embedder=None)
-    stats = await corpus.chunks.counts_by_source(corpus.org_id, model_id="")
+    keyword_searcher = _searcher(corpus, "edge", None)
+    stats = await PostgresCorpusCounts(corpus.db).counts_by_source(corpus.org_id, model_id="")
     total_chunks = sum(s.chunks for s in stats)
     for share in (10, 50):
         reader = _reader(corpus.org_id, share)
@@ -519,9 +550,7 @@ async def _measure_corpus(
             ("bm25_statement.audiences_maxscore", bm25_pruned, queries, ""),
         ]
         for engine in ENGINES:
-            searcher = Searcher(
-                chunks=corpus.chunks, vectors=corpus.engines[engine], embedder=embedder
-            )
+            searcher = _searcher(corpus, engine, embedder)
 
             async def hybrid(
                 query: str, reader: Principal = reader, searcher: Searcher = searcher
@@ -593,9 +622,7 @@ async def _ingest_throughput(
         vectors = EdgeVectorStore(
             path=str(folder), collection="chunks", dimensions=LOCAL_DIMENSIONS
         )
-        ingestor = Ingestor(
-            chunks=ChunkStore(db), vectors=vectors, embedder=embedder if with_embedder else None
-        )
+        ingestor = _ingestor(db, vectors, embedder if with_embedder else None)
         started = time.perf_counter()
         written = await _ingest(ingestor, org_id, _incoming(sample), f"ingest {label}")
         rate = written / (time.perf_counter() - started)
@@ -639,7 +666,7 @@ async def _quality(
         org_id=corpus.org_id, user_id="bench-reader", groups=tuple(f"g{i}" for i in range(GROUPS))
     )
     predicate = AclPredicate.for_caller(reader, [SOURCE])
-    searcher = Searcher(chunks=corpus.chunks, vectors=corpus.engines["edge"], embedder=embedder)
+    searcher = _searcher(corpus, "edge", embedder)
     depth = 30
     per_query: dict[str, list[tuple[float, float]]] = {"keyword": [], "dense": [], "hybrid": []}
     for item in items:

@@ -27,7 +27,11 @@ from cairn_retrieval.edge_store import EdgeVectorStore
 from cairn_retrieval.embedders import EmbeddingSpace, GatewayEmbedder, retrieval_embedder_from_env
 from cairn_retrieval.errors import ConfigInvalid
 from cairn_retrieval.ingest import Ingestor
-from cairn_retrieval.postgres import ChunkStore
+from cairn_retrieval.postgres.corpus_counts import PostgresCorpusCounts
+from cairn_retrieval.postgres.document_reads import PostgresDocumentReads
+from cairn_retrieval.postgres.document_writes import PostgresDocumentWrites
+from cairn_retrieval.postgres.search_reads import PostgresSearchReads
+from cairn_retrieval.postgres.vector_ledger import PostgresVectorLedger
 from cairn_retrieval.repair import VectorStoreHealth
 from cairn_retrieval.search import Searcher
 from cairn_retrieval.servicer import INGEST_METHOD, SERVICE_NAME, RetrievalServicer
@@ -66,15 +70,17 @@ class RetrievalApp:
         self.embedder = embedder
         self._analyzers = analyzers or SourceAnalyzers()
         self._budget = budget or chunk_budget_for(embedder)
-        chunks = ChunkStore(database)
-        space = EmbeddingSpace(chunks=chunks, vectors=vectors, embedder=embedder)
+        ledger = PostgresVectorLedger(database)
+        space = EmbeddingSpace(ledger=ledger, vectors=vectors, embedder=embedder)
         self.health = VectorStoreHealth(
-            chunks=chunks,
+            ledger=ledger,
             vectors=vectors,
             model_id=embedder.model_id if embedder is not None else "",
         )
         self.ingestor = Ingestor(
-            chunks=chunks,
+            writes=PostgresDocumentWrites(database),
+            reads=PostgresDocumentReads(database),
+            counts=PostgresCorpusCounts(database),
             vectors=vectors,
             embedder=embedder,
             space=space,
@@ -84,7 +90,7 @@ class RetrievalApp:
         self._servicer = RetrievalServicer(
             ingestor=self.ingestor,
             searcher=Searcher(
-                chunks=chunks,
+                chunks=PostgresSearchReads(database),
                 vectors=vectors,
                 embedder=embedder,
                 space=space,

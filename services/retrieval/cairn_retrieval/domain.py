@@ -197,6 +197,47 @@ class StoredDocument:
 
 
 @dataclass(frozen=True, slots=True)
+class StoredVersion:
+    """What PostgreSQL holds for one document id right now."""
+
+    content_hash: str | None
+    embedding_model: str
+    vector_store: str
+    analyzer: str
+    chunking: str
+    ready_chunks: int
+    embedded_chunks: int
+    pending_chunk_ids: tuple[str, ...]
+
+    @property
+    def exists(self) -> bool:
+        return (
+            self.content_hash is not None or self.ready_chunks > 0 or bool(self.pending_chunk_ids)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StoredVector:
+    """A chunk's vector as PostgreSQL holds it, with what its point carries."""
+
+    chunk_no: int
+    org_id: str
+    chunk_id: str
+    document_id: str
+    source: str
+    acl: tuple[str, ...]
+    vector: list[float]
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What a publish replaced: the chunk ids whose vectors are now obsolete."""
+
+    removed_chunks: int
+    removed_embedded_chunk_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class DocumentView:
     """What one caller is shown of a document: its ACL only when the caller
     manages the org's corpora (an ACL names people and groups)."""

@@ -25,7 +25,7 @@ from cairn_libs.clients import call_metadata, channel
 from cairn_libs.embedding import LOCAL_DIMENSIONS, LOCAL_MODEL_ID, Embedder, embedder_from_env
 from cairn_libs.server import current_caller_token
 from cairn_retrieval.errors import ConfigInvalid, EmbedderFailed, EmbeddingModelMismatch
-from cairn_retrieval.postgres import ChunkStore
+from cairn_retrieval.ports import VectorLedger
 from cairn_retrieval.vectors import VectorStore
 
 GATEWAY_BATCH = 64
@@ -129,9 +129,9 @@ class EmbeddingSpace:
     first embedder to use a collection claims it for its model."""
 
     def __init__(
-        self, *, chunks: ChunkStore, vectors: VectorStore, embedder: Embedder | None
+        self, *, ledger: VectorLedger, vectors: VectorStore, embedder: Embedder | None
     ) -> None:
-        self._chunks = chunks
+        self._ledger = ledger
         self._vectors = vectors
         self._embedder = embedder
         self._mismatch: str | None = None
@@ -143,7 +143,7 @@ class EmbeddingSpace:
             return None
         if not self._claimed:
             where = self._vectors.identity()
-            model_id, dimensions = await self._chunks.claim_collection(
+            model_id, dimensions = await self._ledger.claim_collection(
                 where, model_id=self._embedder.model_id, dimensions=self._embedder.dimensions
             )
             if model_id != self._embedder.model_id or dimensions != self._embedder.dimensions:

@@ -43,7 +43,7 @@ from cairn_retrieval.errors import (
     EmbedderFailed,
     VectorStoreUnavailable,
 )
-from cairn_retrieval.postgres import ChunkStore, DocumentSession
+from cairn_retrieval.ports import CorpusCounts, DocumentReads, DocumentSession, DocumentWrites
 from cairn_retrieval.tokens import SourceAnalyzers
 from cairn_retrieval.vectors import VectorPoint, VectorStore
 
@@ -55,17 +55,21 @@ class Ingestor:
     def __init__(
         self,
         *,
-        chunks: ChunkStore,
+        writes: DocumentWrites,
+        reads: DocumentReads,
+        counts: CorpusCounts,
         vectors: VectorStore,
         embedder: Embedder | None,
-        space: EmbeddingSpace | None = None,
+        space: EmbeddingSpace,
         analyzers: SourceAnalyzers | None = None,
         budget: ChunkBudget = DEFAULT_BUDGET,
     ) -> None:
-        self._chunks = chunks
+        self._writes = writes
+        self._reads = reads
+        self._counts = counts
         self._vectors = vectors
         self._embedder = embedder
-        self._space = space or EmbeddingSpace(chunks=chunks, vectors=vectors, embedder=embedder)
+        self._space = space
         self._analyzers = analyzers or SourceAnalyzers()
         self._budget = budget
 
@@ -107,7 +111,7 @@ class Ingestor:
                 log.info("ingest.rejected", document_id=document.document_id, error=exc.message)
                 return DocumentResult(document.document_id, Outcome.FAILED, error=exc.message)
             span.set_attribute("cairn.chunks", len(prepared.chunks))
-            async with self._chunks.document_session(org_id, document.document_id) as session:
+            async with self._writes.document_session(org_id, document.document_id) as session:
                 result = await self._write(session, prepared)
             span.set_attribute("cairn.outcome", result.outcome.value)
             log.info(
@@ -274,7 +278,7 @@ class Ingestor:
             raise Denied()
         check_document_id(document_id, purpose="delete")
         org_id = principal.org_id
-        async with self._chunks.document_session(org_id, document_id) as session:
+        async with self._writes.document_session(org_id, document_id) as session:
             stored = await session.current()
             if not stored.exists:
                 raise Denied()
@@ -297,7 +301,7 @@ class Ingestor:
         """The document as the caller may see it; DocumentNotVisible, the same for a
         document that does not exist and one the caller may not read."""
         check_document_id(document_id, purpose="read")
-        view = view_document(principal, await self._chunks.document(principal.org_id, document_id))
+        view = view_document(principal, await self._reads.document(principal.org_id, document_id))
         if view is None:
             raise DocumentNotVisible()
         return view
@@ -308,7 +312,7 @@ class Ingestor:
         return [
             (org_id, document_id)
             for org_id, document_id, source, analyzer, chunking in (
-                await self._chunks.index_versions()
+                await self._reads.index_versions()
             )
             if analyzer != self._analyzers.for_source(source).name or chunking != self._budget.name
         ]
@@ -316,7 +320,7 @@ class Ingestor:
     async def stats(self, principal: Principal) -> CorpusStats:
         if not may_manage(principal):
             raise Denied()
-        sources = await self._chunks.counts_by_source(
+        sources = await self._counts.counts_by_source(
             principal.org_id,
             model_id=self._embedder.model_id if self._embedder is not None else "",
         )

@@ -7,7 +7,8 @@ each location (`vector_stores`). A server collection lost with its volume and
 made again on start-up, an Edge shard deleted and made again, or another
 collection put in its place all show as a different id (or none): dense search
 then stops, each answer keyword-only with the reason, until
-`python -m cairn_retrieval reindex vectors` rebuilds the collection. Searching
+`python -m cairn_retrieval reindex vectors` (cairn_retrieval.reindex) rebuilds
+the collection. Searching
 it anyway would pass off a partial dense list as a whole one.
 
 The rebuild reads each ready chunk's vector from `chunks.embedding` (the column
@@ -24,19 +25,15 @@ path for indexes stored before stemming, titles and token-counted chunks.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import structlog
 
-from cairn_libs.errors import CairnError, ConfigurationError
 from cairn_retrieval.domain import IncomingDocument, Outcome, acl_from_keys
 from cairn_retrieval.errors import VectorStoreUnavailable
 from cairn_retrieval.ingest import Ingestor
-from cairn_retrieval.postgres import ChunkStore
+from cairn_retrieval.ports import DocumentReads, VectorLedger
 from cairn_retrieval.vectors import VectorPoint, VectorStore
 
 log = structlog.get_logger(__name__)
@@ -48,8 +45,8 @@ class VectorStoreHealth:
     """Whether dense search may use the collection; checked by the readiness loop
     and cached between checks, so a search costs no query for it."""
 
-    def __init__(self, *, chunks: ChunkStore, vectors: VectorStore, model_id: str) -> None:
-        self._chunks = chunks
+    def __init__(self, *, ledger: VectorLedger, vectors: VectorStore, model_id: str) -> None:
+        self._ledger = ledger
         self._vectors = vectors
         self._model_id = model_id
         self._problem: str | None = None
@@ -70,7 +67,7 @@ class VectorStoreHealth:
         location = self._vectors.location()
         try:
             actual = await self._vectors.store_id()
-            recorded = await self._chunks.recorded_store(location)
+            recorded = await self._ledger.recorded_store(location)
             problem = None
             if recorded is None:
                 problem = await self._adopt(location, actual)
@@ -91,7 +88,7 @@ class VectorStoreHealth:
         return problem
 
     async def _adopt(self, location: str, actual: str) -> str | None:
-        expected = await self._chunks.expected_points(location, model_id=self._model_id)
+        expected = await self._ledger.expected_points(location, model_id=self._model_id)
         held = await self._vectors.count()
         if not actual:
             if held == 0 and expected == 0:
@@ -106,7 +103,7 @@ class VectorStoreHealth:
                 f"the vector collection {location!r} holds {held} points where PostgreSQL "
                 f"wrote {expected}: it lost points"
             )
-        await self._chunks.record_store(location, actual)
+        await self._ledger.record_store(location, actual)
         return None
 
 
@@ -118,7 +115,7 @@ class Rebuilt:
 
 
 async def rebuild_vectors(
-    chunks: ChunkStore, vectors: VectorStore, *, model_id: str, dimensions: int
+    ledger: VectorLedger, vectors: VectorStore, *, model_id: str, dimensions: int
 ) -> Rebuilt:
     """Drop and remake the collection, then fill it with PostgreSQL's vectors of
     `model_id` that were written to this location (a deployment that points at
@@ -129,7 +126,7 @@ async def rebuild_vectors(
     points = 0
     after = 0
     while True:
-        batch = await chunks.stored_vectors(
+        batch = await ledger.stored_vectors(
             vectors.location(), model_id=model_id, after_chunk_no=after, limit=REBUILD_BATCH
         )
         if not batch:
@@ -149,64 +146,18 @@ async def rebuild_vectors(
             await vectors.upsert(org_id, org_points)
         points += len(batch)
         after = batch[-1].chunk_no
-    documents = await chunks.move_documents(vectors.location(), identity=vectors.identity())
-    await chunks.claim_collection(vectors.identity(), model_id=model_id, dimensions=dimensions)
-    await chunks.record_store(vectors.location(), store_id)
+    documents = await ledger.move_documents(vectors.location(), identity=vectors.identity())
+    await ledger.claim_collection(vectors.identity(), model_id=model_id, dimensions=dimensions)
+    await ledger.record_store(vectors.location(), store_id)
     return Rebuilt(points=points, documents=documents, store_id=store_id)
 
 
-async def _reindex(what: str) -> int:
-    from cairn_retrieval.app import app_from_env
-
-    app = app_from_env()
-    try:
-        if not await app.database.ready():
-            print(
-                "reindex: the retrieval database is not reachable (DATABASE_URL)", file=sys.stderr
-            )
-            return 1
-        chunks = ChunkStore(app.database)
-        if what == "vectors":
-            if app.embedder is None:
-                print(
-                    "reindex vectors: no embedder is configured, so no collection is searched; "
-                    "set CAIRN_RETRIEVAL_EMBEDDER or CAIRN_EMBEDDER",
-                    file=sys.stderr,
-                )
-                return 2
-            rebuilt = await rebuild_vectors(
-                chunks,
-                app.vectors,
-                model_id=app.embedder.model_id,
-                dimensions=app.embedder.dimensions,
-            )
-            print(
-                f"reindex vectors: {app.vectors.location()} rebuilt as store "
-                f"{rebuilt.store_id}: {rebuilt.points} points from PostgreSQL "
-                f"({rebuilt.documents} documents), nothing embedded"
-            )
-            return 0
-        counts = await remake_stale_documents(app.ingestor, chunks)
-        print(
-            "reindex documents: "
-            + ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
-            if counts
-            else "reindex documents: every document is indexed as this service indexes"
-        )
-        return 1 if counts.get(Outcome.FAILED.value) else 0
-    except VectorStoreUnavailable as exc:
-        print(f"reindex {what}: {exc.message}", file=sys.stderr)
-        return 1
-    finally:
-        await app.stop()
-
-
-async def remake_stale_documents(ingestor: Ingestor, chunks: ChunkStore) -> dict[str, int]:
+async def remake_stale_documents(ingestor: Ingestor, reads: DocumentReads) -> dict[str, int]:
     """Ingest again, from its stored text, each document made by another analyzer
     or chunking; the outcomes counted."""
     counts: dict[str, int] = {}
     for org_id, document_id in await ingestor.stale_documents():
-        stored = await chunks.document(org_id, document_id)
+        stored = await reads.document(org_id, document_id)
         if stored is None:
             continue
         result = await ingestor.ingest_one(
@@ -224,24 +175,3 @@ async def remake_stale_documents(ingestor: Ingestor, chunks: ChunkStore) -> dict
             print(f"  {document_id}: {result.error}", file=sys.stderr)
         counts[result.outcome.value] = counts.get(result.outcome.value, 0) + 1
     return counts
-
-
-def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m cairn_retrieval reindex",
-        description="Repair retrieval's indexes from what PostgreSQL holds, with the "
-        "service's own settings (DATABASE_URL, QDRANT_URL or CAIRN_QDRANT_PATH, ...). "
-        "With an embedded store, stop the service first: its folder is locked.",
-    )
-    parser.add_argument(
-        "what",
-        choices=("vectors", "documents"),
-        help="vectors: rebuild the vector collection from PostgreSQL's vectors, embedding "
-        "nothing; documents: remake documents indexed by another analyzer or chunking",
-    )
-    args = parser.parse_args(argv)
-    try:
-        return asyncio.run(_reindex(args.what))
-    except (ConfigurationError, CairnError) as exc:
-        print(f"reindex {args.what}: {exc}", file=sys.stderr)
-        return 2

@@ -35,7 +35,7 @@ from cairn_retrieval.domain import (
 )
 from cairn_retrieval.embedders import EmbeddingSpace
 from cairn_retrieval.errors import BadSearch, VectorStoreUnavailable
-from cairn_retrieval.postgres import ChunkStore
+from cairn_retrieval.ports import SearchReads
 from cairn_retrieval.repair import VectorStoreHealth
 from cairn_retrieval.tokens import SourceAnalyzers
 from cairn_retrieval.vectors import VectorStore
@@ -57,17 +57,17 @@ class Searcher:
     def __init__(
         self,
         *,
-        chunks: ChunkStore,
+        chunks: SearchReads,
         vectors: VectorStore,
         embedder: Embedder | None,
-        space: EmbeddingSpace | None = None,
+        space: EmbeddingSpace,
         analyzers: SourceAnalyzers | None = None,
         health: VectorStoreHealth | None = None,
     ) -> None:
         self._chunks = chunks
         self._vectors = vectors
         self._embedder = embedder
-        self._space = space or EmbeddingSpace(chunks=chunks, vectors=vectors, embedder=embedder)
+        self._space = space
         self._analyzers = analyzers or SourceAnalyzers()
         self._health = health
 

@@ -2,7 +2,7 @@
 statistics stay equal to a recount, over random corpora and random writes.
 
 The pure half runs the planner against a scorer that does in Python what the
-SQL does; the database half runs the real ChunkStore on PostgreSQL with
+SQL does; the database half runs the real PostgresSearchReads on PostgreSQL with
 budgets small enough that the pruned passes are taken.
 """
 
@@ -25,8 +25,13 @@ from cairn_libs.identity import Principal
 from cairn_retrieval import bm25
 from cairn_retrieval.app import MIGRATIONS, SCHEMA
 from cairn_retrieval.domain import DocumentAcl, IncomingDocument, Outcome
+from cairn_retrieval.embedders import EmbeddingSpace
 from cairn_retrieval.ingest import Ingestor
-from cairn_retrieval.postgres import ChunkStore
+from cairn_retrieval.postgres.corpus_counts import PostgresCorpusCounts
+from cairn_retrieval.postgres.document_reads import PostgresDocumentReads
+from cairn_retrieval.postgres.document_writes import PostgresDocumentWrites
+from cairn_retrieval.postgres.search_reads import PostgresSearchReads
+from cairn_retrieval.postgres.vector_ledger import PostgresVectorLedger
 from cairn_retrieval.tokens import query_terms, tokenize
 from cairn_retrieval.vectors import QdrantVectorStore
 
@@ -63,7 +68,7 @@ def _full_score(
 def _simulated_sql(
     corpus: Corpus, weights: list[bm25.TermWeight], average: float, limit: int
 ) -> object:
-    """What ChunkStore._score does, in Python: read essential postings, drop chunks
+    """What PostgresSearchReads._score does, in Python: read essential postings, drop chunks
     below the floor, score survivors in full, keep the best `limit` and ties."""
 
     async def score(plan: bm25.Pass) -> Mapping[str, float]:
@@ -181,10 +186,10 @@ def test_the_floor_leaves_room_for_rounding_below_theta() -> None:
 
 
 @pytest.fixture(scope="module")
-async def store(pg_url: str) -> AsyncIterator[tuple[Database, ChunkStore]]:
+async def store(pg_url: str) -> AsyncIterator[tuple[Database, PostgresSearchReads]]:
     db = Database(url=pg_url, schema=SCHEMA, migrations=load_migrations(MIGRATIONS))
     assert await db.ready()
-    yield db, ChunkStore(db)
+    yield db, PostgresSearchReads(db)
     await db.close()
 
 
@@ -210,6 +215,17 @@ def _documents(rng: random.Random, count: int, *, prefix: str = "d") -> list[Inc
         )
         for i in range(count)
     ]
+
+
+def _keyword_only_ingestor(db: Database, vectors: QdrantVectorStore) -> Ingestor:
+    return Ingestor(
+        writes=PostgresDocumentWrites(db),
+        reads=PostgresDocumentReads(db),
+        counts=PostgresCorpusCounts(db),
+        vectors=vectors,
+        embedder=None,
+        space=EmbeddingSpace(ledger=PostgresVectorLedger(db), vectors=vectors, embedder=None),
+    )
 
 
 async def _ingest(ingestor: Ingestor, org_id: str, documents: list[IncomingDocument]) -> None:
@@ -240,13 +256,13 @@ def _reference(documents: list[IncomingDocument], query: str) -> dict[str, float
 
 
 async def test_pruned_search_in_postgres_equals_the_reference_and_the_plain_statement(
-    store: tuple[Database, ChunkStore], vectors: QdrantVectorStore
+    store: tuple[Database, PostgresSearchReads], vectors: QdrantVectorStore
 ) -> None:
-    _, chunks = store
+    db, chunks = store
     rng = random.Random(17)
     org_id = f"org-prune-{uuid.uuid4().hex[:8]}"
     documents = _documents(rng, 300)
-    await _ingest(Ingestor(chunks=chunks, vectors=vectors, embedder=None), org_id, documents)
+    await _ingest(_keyword_only_ingestor(db, vectors), org_id, documents)
     caller = Principal(org_id=org_id, user_id="reader", groups=("g1", "g2"))
     predicate = AclPredicate.for_caller(caller, ["s1"])
     visible = [d for d in documents if d.source == "s1" and set(d.acl.groups) & {"g1", "g2"}]
@@ -307,12 +323,12 @@ async def _recount(conn: asyncpg.Connection, org_id: str) -> tuple[object, objec
 
 
 async def test_audience_statistics_equal_a_recount_after_ingests_replacements_and_deletes(
-    store: tuple[Database, ChunkStore], vectors: QdrantVectorStore, pg_url: str
+    store: tuple[Database, PostgresSearchReads], vectors: QdrantVectorStore, pg_url: str
 ) -> None:
-    _, chunks = store
+    db, chunks = store
     rng = random.Random(29)
     org_id = f"org-stats-{uuid.uuid4().hex[:8]}"
-    ingestor = Ingestor(chunks=chunks, vectors=vectors, embedder=None)
+    ingestor = _keyword_only_ingestor(db, vectors)
     loader = Principal(org_id=org_id, user_id="loader", roles=("ingester",))
     documents = _documents(rng, 60)
     await _ingest(ingestor, org_id, documents)
@@ -391,7 +407,7 @@ async def test_a_corpus_stored_before_audiences_keeps_its_chunks_and_statistics_
             )
             postings = await conn.fetchval("SELECT count(*) FROM postings")
             model = await conn.fetchval("SELECT embedding_model FROM chunks WHERE chunk_id = 'a#1'")
-        found, _ = await ChunkStore(after).bm25(
+        found, _ = await PostgresSearchReads(after).bm25(
             AclPredicate(org_id="o", principal_keys=("group:g1",), sources=("s",)),
             ["ledger"],
             limit=5,

@@ -17,7 +17,7 @@ from cairn_libs.demo_corpus import handbook_documents, load_handbook
 from cairn_libs.errors import DENIAL_MESSAGE
 from cairn_retrieval.app import MIGRATIONS
 from cairn_retrieval.domain import chunk_id_for, document_id_of_chunk, point_id
-from cairn_retrieval.postgres import ChunkStore
+from cairn_retrieval.postgres.document_reads import PostgresDocumentReads
 
 if TYPE_CHECKING:
     from conftest import Org, RunningRetrieval
@@ -238,7 +238,7 @@ async def test_documents_stored_before_their_text_was_kept_get_it_back_at_the_sa
     after = Database(url=pg_url, schema=schema, migrations=migrations)
     assert await after.ready()
     try:
-        stored = await ChunkStore(after).document("o", "d")
+        stored = await PostgresDocumentReads(after).document("o", "d")
     finally:
         await after.close()
 

@@ -18,7 +18,7 @@ import pytest
 from cairn.retrieval.v1 import retrieval_pb2
 from cairn_libs.errors import DependencyUnavailable
 from cairn_libs.stack import REPO_ROOT
-from cairn_retrieval.postgres import ChunkStore
+from cairn_retrieval.postgres.corpus_counts import PostgresCorpusCounts
 
 if TYPE_CHECKING:
     from conftest import Org, RunningRetrieval
@@ -154,7 +154,7 @@ class _Database:
 async def test_every_way_a_database_restart_shows_itself_is_unavailable(
     error: BaseException,
 ) -> None:
-    store = ChunkStore(_Database(error))  # type: ignore[arg-type]
+    store = PostgresCorpusCounts(_Database(error))  # type: ignore[arg-type]
 
     with pytest.raises(DependencyUnavailable, match="retry shortly"):
         await store.counts_by_source("org", model_id="")
