@@ -29,7 +29,7 @@ from cairn_orchestrator.domain import (
 from cairn_orchestrator.errors import RunCancelled
 from cairn_orchestrator.events import RunSignals
 from cairn_orchestrator.ports import ConfirmationStore
-from cairn_orchestrator.recording import StepRecorder, mark_error
+from cairn_orchestrator.recording import StepRecorder
 from cairn_orchestrator.run_scope import RunClock, RunScope
 from cairn_orchestrator.tool_execution import tool_context
 from cairn_orchestrator.tools import ToolRegistry, dispatch
@@ -73,8 +73,13 @@ class Approvals:
             "gen_ai.tool.name": call.name,
             "gen_ai.tool.call.id": call.id,
         }
-        with self._recorder.span(f"request_confirmation {call.name}", scope, attributes) as span:
-            started = self._clock.now()
+        with self._recorder.step(
+            scope,
+            StepKind.CONFIRMATION_REQUESTED,
+            call.name,
+            span_name=f"request_confirmation {call.name}",
+            attributes=attributes,
+        ) as step:
             proposal = propose_write(
                 call,
                 registry=self._registry,
@@ -84,7 +89,7 @@ class Approvals:
                 language_fallback=scope.run.language_fallback,
             )
             if isinstance(proposal, ProposalRefused):
-                mark_error(span, proposal.outcome.error)
+                step.mark(proposal.outcome.error)
         if isinstance(proposal, ProposalRefused):
             outcome = proposal.outcome
             # Nobody was asked, so the run did not carry a confirmation for this one.
@@ -92,27 +97,20 @@ class Approvals:
                 after_resolved_write(state, outcome),
                 carried_confirmation=state.carried_confirmation,
             )
-            record = self._recorder.step(
-                StepKind.TOOL_CALL, call.name, span, started, outcome.detail(), outcome.error
-            )
+            # The arguments went back to the model: a tool call, not a request.
+            record = step.record(outcome.detail(), outcome.error, kind=StepKind.TOOL_CALL)
             await self._recorder.record(scope, record, state)
             return state
         await self._recorder.written(scope)
         at_rest = replace(
             state, carried_confirmation=True, active_seconds=self._clock.elapsed(scope)
         )
-        step = replace(
-            self._recorder.step(
-                StepKind.CONFIRMATION_REQUESTED, call.name, span, started, {}, None
-            ),
-            copies=proposal.copies,
-        )
         run = await confirmations.request_confirmation(
             org_id=scope.run.org_id,
             run_id=scope.run.run_id,
             user_id=scope.run.user_id,
             proposal=proposal,
-            step=step,
+            step=replace(step.record({}, None), copies=proposal.copies),
             loop_state=at_rest,
         )
         self._signals.changed(run.run_id)
@@ -135,8 +133,13 @@ class Approvals:
             "gen_ai.tool.call.id": call.id,
             "cairn.confirmed": True,
         }
-        with self._recorder.span(f"execute_tool {call.name}", scope, attributes) as span:
-            started = self._clock.now()
+        with self._recorder.step(
+            scope,
+            StepKind.TOOL_CALL,
+            call.name,
+            span_name=f"execute_tool {call.name}",
+            attributes=attributes,
+        ) as step:
             await self._recorder.written(scope)
             begun = await confirmations.begin_write(
                 org_id=scope.run.org_id, run_id=scope.run.run_id, token=confirmation.token
@@ -145,7 +148,7 @@ class Approvals:
                 return state
             context = tool_context(scope, state, confirmation_token=confirmation.token)
             outcome = await dispatch(self._registry, call, context)
-            mark_error(span, outcome.error)
+            step.mark(outcome.error)
         detail = {**outcome.detail(), "confirmed": True, "attempt": begun.executions}
         after = after_resolved_write(state, outcome)
         cancelled = await confirmations.record_write(
@@ -153,12 +156,7 @@ class Approvals:
             run_id=scope.run.run_id,
             token=confirmation.token,
             result=outcome.detail(),
-            step=replace(
-                self._recorder.step(
-                    StepKind.TOOL_CALL, call.name, span, started, detail, outcome.error
-                ),
-                copies=outcome.copies,
-            ),
+            step=replace(step.record(detail, outcome.error), copies=outcome.copies),
             loop_state=after,
         )
         self._signals.changed(scope.run.run_id)

@@ -42,7 +42,7 @@ from cairn_orchestrator.phases import (
     wall_time_exhaustion,
 )
 from cairn_orchestrator.ports import ModelGateway
-from cairn_orchestrator.recording import StepRecorder, mark_error
+from cairn_orchestrator.recording import StepRecorder
 from cairn_orchestrator.run_scope import RunClock, RunScope
 from cairn_orchestrator.tool_execution import ToolExecution
 from cairn_orchestrator.tools import ToolRegistry
@@ -201,8 +201,13 @@ class TurnDriver:
             "gen_ai.request.max_tokens": request.max_tokens,
             "cairn.tier": request.tier,
         }
-        with self._recorder.span(f"chat {request.tier}", scope, attributes) as span:
-            started = self._clock.now()
+        with self._recorder.step(
+            scope,
+            StepKind.MODEL_CALL,
+            f"tier:{request.tier}",
+            span_name=f"chat {request.tier}",
+            attributes=attributes,
+        ) as step:
             detail: dict[str, JSONValue] = {
                 "tier": request.tier,
                 "max_tokens": request.max_tokens,
@@ -227,19 +232,13 @@ class TurnDriver:
                     "a person cancelled the run while the model was answering; the call was "
                     "cancelled and its answer, if any, was not used",
                 )
-                mark_error(span, error)
-                record = self._recorder.step(
-                    StepKind.MODEL_CALL, f"tier:{request.tier}", span, started, detail, error
-                )
-                raise RunCancelled(exc.run_id, steps=(record,)) from None
+                step.mark(error)
+                raise RunCancelled(exc.run_id, steps=(step.record(detail, error),)) from None
             except DependencyFailed as exc:
                 error = ErrorValue(f"gateway.{exc.status_code.lower()}", exc.message)
-                mark_error(span, error)
-                record = self._recorder.step(
-                    StepKind.MODEL_CALL, f"tier:{request.tier}", span, started, detail, error
-                )
-                return None, record, exc
-            span.set_attributes(
+                step.mark(error)
+                return None, step.record(detail, error), exc
+            step.span.set_attributes(
                 {
                     "gen_ai.provider.name": reply.provider,
                     "gen_ai.response.model": reply.model,
@@ -257,15 +256,5 @@ class TurnDriver:
                 "tool_calls": [{"id": c.id, "name": c.name} for c in reply.message.tool_calls],
                 "answer_chars": len(reply.message.content),
             }
-        return (
-            reply,
-            self._recorder.step(
-                StepKind.MODEL_CALL,
-                reply.model or f"tier:{request.tier}",
-                span,
-                started,
-                detail,
-                None,
-            ),
-            None,
-        )
+        # Named for the model that answered, once there is one.
+        return reply, step.record(detail, None, name=reply.model or None), None

@@ -123,9 +123,7 @@ class RunLoop:
         driver = TurnDriver(
             gateway=gateway,
             registry=registry,
-            tools=ToolExecution(
-                registry=registry, recorder=recorder, cancels=cancels, clock=run_clock
-            ),
+            tools=ToolExecution(registry=registry, recorder=recorder, cancels=cancels),
             approvals=approvals,
             recorder=recorder,
             cancels=cancels,

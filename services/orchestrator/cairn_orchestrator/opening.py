@@ -35,7 +35,7 @@ from cairn_orchestrator.errors import DependencyFailed
 from cairn_orchestrator.memory_tools import memory_copies
 from cairn_orchestrator.phases import prepare_turn
 from cairn_orchestrator.ports import KnowledgeSearch, MemoryRecall, RunStore
-from cairn_orchestrator.recording import StepRecorder, mark_error
+from cairn_orchestrator.recording import StepRecorder
 from cairn_orchestrator.remote import PrefetchedSearch, RunSearches
 from cairn_orchestrator.run_scope import RunClock, RunScope
 
@@ -115,10 +115,13 @@ class Opening:
         if not scope.spec.reads_memory:
             return None, ()
         k = self._memory_k
-        with self._recorder.span(
-            "recall_memory", scope, {"gen_ai.operation.name": "recall_memory"}
-        ) as span:
-            started = self._clock.now()
+        with self._recorder.step(
+            scope,
+            StepKind.MEMORY_READ,
+            "memory",
+            span_name="recall_memory",
+            attributes={"gen_ai.operation.name": "recall_memory"},
+        ) as step:
             detail: dict[str, JSONValue] = {"k": k}
             memories: tuple[RecalledMemory, ...] = ()
             error: ErrorValue | None = None
@@ -138,10 +141,9 @@ class Opening:
                     memories = outcome.memories
                     detail |= {"mode": outcome.mode, "mode_reason": outcome.mode_reason}
             detail |= {"count": len(memories), "memory_ids": [m.memory_id for m in memories]}
-            mark_error(span, error)
-        record = self._recorder.step(StepKind.MEMORY_READ, "memory", span, started, detail, error)
+            step.mark(error)
         # The prompt's memory block copies these texts about people (I9).
-        return replace(record, copies=memory_copies(memories)), memories
+        return replace(step.record(detail, error), copies=memory_copies(memories)), memories
 
     async def _compact_conversation(
         self, scope: RunScope, earlier: Sequence[ConversationTurn]
@@ -151,10 +153,13 @@ class Opening:
         plan = plan_conversation(earlier)
         if not plan.to_archive:
             return None, window_lines(plan, {})
-        with self._recorder.span(
-            "archive_conversation", scope, {"gen_ai.operation.name": "archive_conversation"}
-        ) as span:
-            started = self._clock.now()
+        with self._recorder.step(
+            scope,
+            StepKind.CONVERSATION_ARCHIVE,
+            "conversation",
+            span_name="archive_conversation",
+            attributes={"gen_ai.operation.name": "archive_conversation"},
+        ) as step:
             conversation_id = scope.run.conversation_id or scope.run.run_id
             subjects = await self._store.conversation_subjects(
                 org_id=scope.run.org_id, conversation_id=conversation_id
@@ -170,15 +175,8 @@ class Opening:
                 # The block is about whomever the conversation's runs read about.
                 subjects=subjects,
             )
-            mark_error(span, compacted.error)
-        record = self._recorder.step(
-            StepKind.CONVERSATION_ARCHIVE,
-            "conversation",
-            span,
-            started,
-            compacted.detail,
-            compacted.error,
-        )
+            step.mark(compacted.error)
+        record = step.record(compacted.detail, compacted.error)
         return replace(record, copies=compacted.copies), compacted.lines
 
     async def _prefetch_knowledge(
@@ -188,8 +186,13 @@ class Opening:
         if not sources:
             return None, ()  # I7: no sources, no knowledge, no call.
         k = self._retrieval_k
-        with self._recorder.span("retrieve", scope, {"gen_ai.operation.name": "retrieve"}) as span:
-            started = self._clock.now()
+        with self._recorder.step(
+            scope,
+            StepKind.RETRIEVAL,
+            "retrieval",
+            span_name="retrieve",
+            attributes={"gen_ai.operation.name": "retrieve"},
+        ) as step:
             detail: dict[str, JSONValue] = {"k": k, "sources": list(sources)}
             labelled: tuple[LabelledChunk, ...] = ()
             error: ErrorValue | None = None
@@ -219,11 +222,8 @@ class Opening:
                     labelled = tuple(book.label(chunk) for chunk in outcome.results)
                     detail |= {"mode": outcome.mode, "mode_reason": outcome.mode_reason}
             detail |= {"count": len(labelled), "results": [_result_detail(e) for e in labelled]}
-            mark_error(span, error)
-        return (
-            self._recorder.step(StepKind.RETRIEVAL, "retrieval", span, started, detail, error),
-            labelled,
-        )
+            step.mark(error)
+        return step.record(detail, error), labelled
 
 
 def _result_detail(entry: LabelledChunk) -> dict[str, JSONValue]:

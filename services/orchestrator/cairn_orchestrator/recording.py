@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -42,6 +43,43 @@ log = structlog.get_logger(__name__)
 tracer = trace.get_tracer(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class OpenStep:
+    """A step whose span was opened: what its record is made of."""
+
+    kind: StepKind
+    name: str
+    span: Span
+    started: datetime
+    clock: RunClock
+
+    def record(
+        self,
+        detail: Mapping[str, JSONValue],
+        error: ErrorValue | None,
+        *,
+        kind: StepKind | None = None,
+        name: str | None = None,
+    ) -> StepRecord:
+        """The finished step; `kind` and `name` when they turned out other than
+        announced (a proposal refused as a tool call, the model that answered)."""
+        return StepRecord(
+            kind=kind or self.kind,
+            name=name or self.name,
+            span_id=span_id_hex(self.span),
+            started_at=self.started,
+            finished_at=self.clock.now(),
+            detail=detail,
+            error=error,
+        )
+
+    def mark(self, error: ErrorValue | None) -> None:
+        """Mark the step's span failed with the error's code."""
+        if error is not None:
+            self.span.set_attribute("error.type", error.code)
+            self.span.set_status(Status(StatusCode.ERROR, error.code))
+
+
 class StepRecorder:
     def __init__(self, *, store: RunStore, signals: RunSignals, clock: RunClock) -> None:
         self._store = store
@@ -51,51 +89,27 @@ class StepRecorder:
         self._writes: dict[str, asyncio.Task[None]] = {}
         self._write_tasks: set[asyncio.Task[None]] = set()
 
-    def span(
-        self, name: str, scope: RunScope, attributes: Mapping[str, Any]
-    ) -> AbstractContextManager[Span]:
-        return self._announced_span(name, scope, attributes)
-
     @contextmanager
-    def _announced_span(
-        self, name: str, scope: RunScope, attributes: Mapping[str, Any]
-    ) -> Iterator[Span]:
-        """A step's span; its start is announced to StreamRun followers at once."""
-        with tracer.start_as_current_span(
-            name, attributes={**attributes, "cairn.run_id": scope.run.run_id}
-        ) as span:
-            announced = _announced_step(attributes)
-            if announced is not None:
-                kind, step_name = announced
-                self._signals.started(
-                    scope.run.run_id,
-                    StepStart(
-                        kind=kind,
-                        name=step_name,
-                        span_id=span_id_hex(span),
-                        started_at=self._clock.now(),
-                    ),
-                )
-            yield span
-
     def step(
         self,
+        scope: RunScope,
         kind: StepKind,
         name: str,
-        span: Span,
-        started: datetime,
-        detail: Mapping[str, JSONValue],
-        error: ErrorValue | None,
-    ) -> StepRecord:
-        return StepRecord(
-            kind=kind,
-            name=name,
-            span_id=span_id_hex(span),
-            started_at=started,
-            finished_at=self._clock.now(),
-            detail=detail,
-            error=error,
-        )
+        *,
+        span_name: str,
+        attributes: Mapping[str, Any],
+    ) -> Iterator[OpenStep]:
+        """Open a step's span, a child of the run's, and announce the step to StreamRun
+        followers at once; `name` is the step's name as far as it is known yet."""
+        with tracer.start_as_current_span(
+            span_name, attributes={**attributes, "cairn.run_id": scope.run.run_id}
+        ) as span:
+            started = self._clock.now()
+            self._signals.started(
+                scope.run.run_id,
+                StepStart(kind=kind, name=name, span_id=span_id_hex(span), started_at=started),
+            )
+            yield OpenStep(kind=kind, name=name, span=span, started=started, clock=self._clock)
 
     async def record(self, scope: RunScope, record: StepRecord, state: LoopState | None) -> None:
         await self.record_many(scope, (record,), state)
@@ -192,31 +206,6 @@ class StepRecorder:
             citations=len(citations),
         )
         return finished
-
-
-def mark_error(span: Span, error: ErrorValue | None) -> None:
-    if error is not None:
-        span.set_attribute("error.type", error.code)
-        span.set_status(Status(StatusCode.ERROR, error.code))
-
-
-_ANNOUNCED: dict[str, tuple[StepKind, str]] = {
-    "recall_memory": (StepKind.MEMORY_READ, "memory"),
-    "retrieve": (StepKind.RETRIEVAL, "retrieval"),
-    "archive_conversation": (StepKind.CONVERSATION_ARCHIVE, "conversation"),
-}
-
-
-def _announced_step(attributes: Mapping[str, Any]) -> tuple[StepKind, str] | None:
-    """The kind and provisional name of the step a span covers, from its attributes."""
-    operation = attributes.get("gen_ai.operation.name")
-    if operation == "chat":
-        return StepKind.MODEL_CALL, f"tier:{attributes.get('cairn.tier', '')}"
-    if operation == "execute_tool":
-        return StepKind.TOOL_CALL, str(attributes.get("gen_ai.tool.name", ""))
-    if operation == "request_confirmation":
-        return StepKind.CONFIRMATION_REQUESTED, str(attributes.get("gen_ai.tool.name", ""))
-    return _ANNOUNCED.get(str(operation))
 
 
 def _observe_write(task: asyncio.Task[None]) -> None:

@@ -17,9 +17,9 @@ from cairn_orchestrator.cancellation import CancelWatch
 from cairn_orchestrator.confirmations import split_planned
 from cairn_orchestrator.domain import LabelBook, LoopState, StepKind, StepRecord
 from cairn_orchestrator.phases import PlannedCall, after_tool_calls, remaining_tokens
-from cairn_orchestrator.recording import StepRecorder, mark_error
+from cairn_orchestrator.recording import StepRecorder
 from cairn_orchestrator.remote import reused_searches
-from cairn_orchestrator.run_scope import RunClock, RunScope
+from cairn_orchestrator.run_scope import RunScope
 from cairn_orchestrator.tools import ToolCallOutcome, ToolContext, ToolRegistry, dispatch, refused
 
 
@@ -51,12 +51,10 @@ class ToolExecution:
         registry: ToolRegistry,
         recorder: StepRecorder,
         cancels: CancelWatch,
-        clock: RunClock,
     ) -> None:
         self._registry = registry
         self._recorder = recorder
         self._cancels = cancels
-        self._clock = clock
 
     async def execute(
         self, scope: RunScope, state: LoopState, planned: Sequence[PlannedCall]
@@ -88,8 +86,13 @@ class ToolExecution:
             "gen_ai.tool.name": call.name,
             "gen_ai.tool.call.id": call.id,
         }
-        with self._recorder.span(f"execute_tool {call.name}", scope, attributes) as span:
-            started = self._clock.now()
+        with self._recorder.step(
+            scope,
+            StepKind.TOOL_CALL,
+            call.name,
+            span_name=f"execute_tool {call.name}",
+            attributes=attributes,
+        ) as step:
             # Searches this call had answered from the run's prefetch (remote.py).
             reused: list[str] = []
             marked = reused_searches.set(reused)
@@ -100,12 +103,9 @@ class ToolExecution:
                     outcome = await dispatch(self._registry, call, context)
             finally:
                 reused_searches.reset(marked)
-            mark_error(span, outcome.error)
+            step.mark(outcome.error)
             detail = outcome.detail()
             if reused:
-                span.set_attribute("cairn.reused_prefetch", True)
+                step.span.set_attribute("cairn.reused_prefetch", True)
                 detail = {**detail, "reused_prefetch": True}
-        record = self._recorder.step(
-            StepKind.TOOL_CALL, call.name, span, started, detail, outcome.error
-        )
-        return outcome, replace(record, copies=outcome.copies)
+        return outcome, replace(step.record(detail, outcome.error), copies=outcome.copies)
