@@ -4,7 +4,8 @@ A spec is configuration a deployment writes by hand, so every refusal names the
 file and the field and says what would be accepted; a bad spec stops the service
 at start-up rather than failing a caller's run later. Unknown fields are refused
 too, because a misspelt `reads_memroy: true` silently meaning "false" is worse
-than a start-up error.
+than a start-up error. The fields are declared as pydantic models (SpecFields,
+BudgetFields) with unknown keys forbidden; their validators carry the sentences.
 
 `tool_sources` imports tools from a company's own systems (tool_sources.py
 parses that part); the imported tools join the agent's `tools`, and the catalog
@@ -16,9 +17,18 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated
 
 import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from cairn_orchestrator.domain import TIERS, AgentSpec, Budgets, Tier
 from cairn_orchestrator.errors import AgentSpecInvalid, UnknownAgent
@@ -78,63 +88,27 @@ def parse_agent_document(
         raise AgentSpecInvalid(
             file, "<document>", f"expected a mapping of fields, got {type(document).__name__}"
         )
-    unknown = sorted(str(k) for k in document if k not in REQUIRED_FIELDS + OPTIONAL_FIELDS)
-    if unknown:
-        raise AgentSpecInvalid(
-            file,
-            unknown[0],
-            f"is not a spec field; known fields: {', '.join(REQUIRED_FIELDS + OPTIONAL_FIELDS)}",
-        )
-    for name in REQUIRED_FIELDS:
-        if name not in document:
-            raise AgentSpecInvalid(file, name, "is required")
-
-    name = _text(document, "name", file=file)
-    if not NAME_PATTERN.match(name):
-        raise AgentSpecInvalid(
-            file,
-            "name",
-            f"{name!r} must be lower-case letters, digits, '-' or '_', starting with a letter",
-        )
-    tier_value = _text(document, "tier", file=file)
-    if tier_value not in TIERS:
-        raise AgentSpecInvalid(file, "tier", f"{tier_value!r} is not one of {', '.join(TIERS)}")
-    tier: Tier = tier_value  # type: ignore[assignment]  # narrowed by the membership test above
-
-    tools = _names(document, "tools", file=file)
-    for index, tool in enumerate(tools):
-        if tool not in known_tools:
-            raise AgentSpecInvalid(
-                file,
-                f"tools[{index}]",
-                f"{tool!r} is not a registered tool; known tools: {', '.join(sorted(known_tools))}",
-            )
-    sources = _names(document, "sources", file=file)
-    for index, source in enumerate(sources):
-        if not SOURCE_PATTERN.match(source):
-            raise AgentSpecInvalid(
-                file,
-                f"sources[{index}]",
-                f"{source!r} must be letters, digits, '_', '.', ':' or '-'",
-            )
-
-    reads_memory = document.get("reads_memory", False)
-    if not isinstance(reads_memory, bool):
-        raise AgentSpecInvalid(file, "reads_memory", f"{reads_memory!r} must be true or false")
+    try:
+        fields = SpecFields.model_validate(document, context={"known_tools": known_tools})
+    except ValidationError as exc:
+        raise _refusal(file, exc) from exc
     tool_sources = parse_tool_sources(
-        document.get("tool_sources") or [], file=file, builtin_tools=tuple(known_tools), env=env
+        fields.tool_sources or [], file=file, builtin_tools=tuple(known_tools), env=env
     )
     imported = tuple(name for source in tool_sources for name in source.tools)
-
     spec = AgentSpec(
-        name=name,
-        description=_text(document, "description", file=file),
-        tier=tier,
-        system_prompt=_text(document, "system_prompt", file=file),
-        tools=(*tools, *imported),
-        sources=sources,
-        budgets=_budgets(document["budgets"], file=file),
-        reads_memory=reads_memory,
+        name=fields.name,
+        description=fields.description,
+        tier=fields.tier,
+        system_prompt=fields.system_prompt,
+        tools=(*fields.tools, *imported),
+        sources=fields.sources,
+        budgets=Budgets(
+            tokens=fields.budgets.tokens,
+            model_calls=fields.budgets.model_calls,
+            wall_seconds=fields.budgets.wall_seconds,
+        ),
+        reads_memory=fields.reads_memory,
         file=file,
     )
     return spec, tool_sources
@@ -169,56 +143,148 @@ def load_agent_specs(
     return AgentCatalog(list(specs.values()), tool_sources=merge_sources(declared))
 
 
-def _text(document: Mapping[str, Any], field: str, *, file: str) -> str:
-    value = document[field]
+# ---------------------------------------------------------------- the declared shape
+#
+# The fields are pydantic models (unknown keys refused); each check raises the
+# sentence a person fixing the file needs, and _refusal turns the first error into
+# `file: field 'x': problem` with the field's path (`tools[1]`, `budgets.tokens`).
+
+
+def _non_empty(value: object) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise AgentSpecInvalid(file, field, f"{value!r} must be a non-empty string")
+        raise ValueError(f"{value!r} must be a non-empty string")
     return value.strip()
 
 
-def _names(document: Mapping[str, Any], field: str, *, file: str) -> tuple[str, ...]:
-    value = document.get(field) or []
+def _names(value: object) -> tuple[str, ...]:
+    if value is None:
+        return ()
     if not isinstance(value, list):
-        raise AgentSpecInvalid(
-            file, field, f"{value!r} must be a list of names (an empty list is allowed)"
-        )
+        raise ValueError(f"{value!r} must be a list of names (an empty list is allowed)")
     names: list[str] = []
     for index, item in enumerate(value):
         if not isinstance(item, str) or not item.strip():
-            raise AgentSpecInvalid(
-                file, f"{field}[{index}]", f"{item!r} must be a non-empty string"
-            )
+            raise _ItemProblem(index, f"{item!r} must be a non-empty string")
         if item.strip() in names:
-            raise AgentSpecInvalid(file, f"{field}[{index}]", f"{item!r} is listed twice")
+            raise _ItemProblem(index, f"{item!r} is listed twice")
         names.append(item.strip())
     return tuple(names)
 
 
-def _budgets(value: object, *, file: str) -> Budgets:
-    if not isinstance(value, Mapping):
-        raise AgentSpecInvalid(
-            file, "budgets", f"{value!r} must be a mapping with {', '.join(BUDGET_FIELDS)}"
-        )
-    unknown = sorted(str(k) for k in value if k not in BUDGET_FIELDS)
-    if unknown:
-        raise AgentSpecInvalid(
-            file,
-            f"budgets.{unknown[0]}",
-            f"is not a budget; known budgets: {', '.join(BUDGET_FIELDS)}",
-        )
-    numbers: dict[str, int] = {}
-    for name in BUDGET_FIELDS:
-        if name not in value:
-            raise AgentSpecInvalid(file, f"budgets.{name}", "is required")
-        number = value[name]
-        # bool is an int in Python; `tokens: true` is a typo, not a budget of 1.
-        if isinstance(number, bool) or not isinstance(number, int) or number <= 0:
-            raise AgentSpecInvalid(
-                file, f"budgets.{name}", f"{number!r} must be a positive whole number"
+def _positive_whole(value: object) -> int:
+    # bool is an int in Python; `tokens: true` is a typo, not a budget of 1.
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{value!r} must be a positive whole number")
+    return value
+
+
+class _ItemProblem(ValueError):
+    """A problem with one item of a list field, so the refusal names `field[index]`."""
+
+    def __init__(self, index: int, problem: str) -> None:
+        super().__init__(problem)
+        self.index = index
+        self.problem = problem
+
+
+NonEmpty = Annotated[str, BeforeValidator(_non_empty)]
+Names = Annotated[tuple[str, ...], BeforeValidator(_names)]
+PositiveWhole = Annotated[int, BeforeValidator(_positive_whole)]
+
+
+class _Declared(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BudgetFields(_Declared):
+    tokens: PositiveWhole
+    model_calls: PositiveWhole
+    wall_seconds: PositiveWhole
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_mapping(cls, value: object) -> object:
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{value!r} must be a mapping with {', '.join(BUDGET_FIELDS)}")
+        return value
+
+
+class SpecFields(_Declared):
+    """One agent spec file as declared; `known_tools` comes in the validation context."""
+
+    name: NonEmpty
+    description: NonEmpty
+    tier: NonEmpty
+    system_prompt: NonEmpty
+    budgets: BudgetFields
+    tools: Names = ()
+    sources: Names = ()
+    reads_memory: bool = False
+    tool_sources: object = None
+
+    @field_validator("name")
+    @classmethod
+    def _agent_name(cls, name: str) -> str:
+        if not NAME_PATTERN.match(name):
+            raise ValueError(
+                f"{name!r} must be lower-case letters, digits, '-' or '_', starting with a letter"
             )
-        numbers[name] = number
-    return Budgets(
-        tokens=numbers["tokens"],
-        model_calls=numbers["model_calls"],
-        wall_seconds=numbers["wall_seconds"],
-    )
+        return name
+
+    @field_validator("tier")
+    @classmethod
+    def _known_tier(cls, tier: str) -> Tier:
+        if tier not in TIERS:
+            raise ValueError(f"{tier!r} is not one of {', '.join(TIERS)}")
+        return tier  # type: ignore[return-value]  # narrowed by the membership test
+
+    @field_validator("tools")
+    @classmethod
+    def _registered_tools(cls, tools: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        known: Collection[str] = (info.context or {}).get("known_tools", ())
+        for index, tool in enumerate(tools):
+            if tool not in known:
+                raise _ItemProblem(
+                    index,
+                    f"{tool!r} is not a registered tool; known tools: {', '.join(sorted(known))}",
+                )
+        return tools
+
+    @field_validator("sources")
+    @classmethod
+    def _source_names(cls, sources: tuple[str, ...]) -> tuple[str, ...]:
+        for index, source in enumerate(sources):
+            if not SOURCE_PATTERN.match(source):
+                raise _ItemProblem(
+                    index, f"{source!r} must be letters, digits, '_', '.', ':' or '-'"
+                )
+        return sources
+
+    @field_validator("reads_memory", mode="before")
+    @classmethod
+    def _true_or_false(cls, value: object) -> bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{value!r} must be true or false")
+        return value
+
+
+_KNOWN: Mapping[str, tuple[str, str]] = {
+    "": ("is not a spec field; known fields", ", ".join(REQUIRED_FIELDS + OPTIONAL_FIELDS)),
+    "budgets": ("is not a budget; known budgets", ", ".join(BUDGET_FIELDS)),
+}
+
+
+def _refusal(file: str, exc: ValidationError) -> AgentSpecInvalid:
+    """The first problem pydantic found, as the loader's `file: field: problem`."""
+    first = exc.errors()[0]
+    path = [str(part) for part in first["loc"]]
+    field = ".".join(path)
+    if first["type"] == "missing":
+        return AgentSpecInvalid(file, field, "is required")
+    if first["type"] == "extra_forbidden":
+        said, known = _KNOWN[".".join(path[:-1])]
+        return AgentSpecInvalid(file, field, f"{said}: {known}")
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, _ItemProblem):
+        return AgentSpecInvalid(file, f"{field}[{cause.index}]", cause.problem)
+    return AgentSpecInvalid(file, field, first["msg"].removeprefix("Value error, "))

@@ -132,3 +132,32 @@ def test_a_missing_agents_folder_is_refused_with_the_setting_to_change(tmp_path:
     with pytest.raises(AgentSpecInvalid) as refused:
         load_agent_specs(tmp_path / "nowhere", known_tools=KNOWN_TOOLS)
     assert "CAIRN_AGENTS_DIR" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"budgets": {"tokens": 1000, "model_calls": 2, "wall_seconds": 10, "dollars": 5}},
+            "field 'budgets.dollars': is not a budget; known budgets: "
+            "tokens, model_calls, wall_seconds",
+        ),
+        (
+            {"tools": ["search_knowledge", "delete_everything"]},
+            "field 'tools[1]': 'delete_everything' is not a registered tool; known tools: "
+            + ", ".join(sorted(KNOWN_TOOLS)),
+        ),
+        ({"tier": "huge"}, "field 'tier': 'huge' is not one of fast, balanced, deep"),
+        (
+            {"budgets": {"tokens": True, "model_calls": 2, "wall_seconds": 10}},
+            "field 'budgets.tokens': True must be a positive whole number",
+        ),
+    ],
+)
+def test_the_declared_spec_model_keeps_the_sentence_a_person_fixing_the_file_needs(
+    tmp_path: Path, change: dict[str, object], message: str
+) -> None:
+    path = write_spec(tmp_path, {**VALID, **change})
+    with pytest.raises(AgentSpecInvalid) as refused:
+        load_agent_specs(tmp_path, known_tools=KNOWN_TOOLS)
+    assert refused.value.message == f"{path}: {message}"
