@@ -178,6 +178,13 @@ def _positive_whole(value: object) -> int:
     return value
 
 
+def _known_tier(value: object) -> str:
+    tier = _non_empty(value)
+    if tier not in TIERS:
+        raise ValueError(f"{tier!r} is not one of {', '.join(TIERS)}")
+    return tier
+
+
 class _ItemProblem(ValueError):
     """A problem with one item of a list field, so the refusal names `field[index]`."""
 
@@ -214,7 +221,7 @@ class SpecFields(_Declared):
 
     name: NonEmpty
     description: NonEmpty
-    tier: NonEmpty
+    tier: Annotated[Tier, BeforeValidator(_known_tier)]
     system_prompt: NonEmpty
     budgets: BudgetFields
     tools: Names = ()
@@ -230,13 +237,6 @@ class SpecFields(_Declared):
                 f"{name!r} must be lower-case letters, digits, '-' or '_', starting with a letter"
             )
         return name
-
-    @field_validator("tier")
-    @classmethod
-    def _known_tier(cls, tier: str) -> Tier:
-        if tier not in TIERS:
-            raise ValueError(f"{tier!r} is not one of {', '.join(TIERS)}")
-        return tier  # type: ignore[return-value]  # narrowed by the membership test
 
     @field_validator("tools")
     @classmethod
