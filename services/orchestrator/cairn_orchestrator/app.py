@@ -24,6 +24,7 @@ import grpc
 import structlog
 
 from cairn.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
+from cairn_libs.clock import SystemClock
 from cairn_libs.db import Database
 from cairn_libs.errors import ConfigurationError
 from cairn_libs.identity import DEFAULT_AUDIENCE, DEFAULT_ISSUER, TokenIssuer
@@ -37,13 +38,8 @@ from cairn_orchestrator.mcp_tool_source import McpToolSource
 from cairn_orchestrator.memory_tools import memory_tools
 from cairn_orchestrator.note_tool import append_note_tool
 from cairn_orchestrator.orchestrator import Orchestrator
-from cairn_orchestrator.ports import SystemClock
-from cairn_orchestrator.postgres import (
-    DEFAULT_LEASE_SECONDS,
-    SCHEMA,
-    PostgresRunStore,
-    migrations,
-)
+from cairn_orchestrator.pg.base import DEFAULT_LEASE_SECONDS
+from cairn_orchestrator.postgres import SCHEMA, PostgresRunStore, migrations
 from cairn_orchestrator.remote import GatewayClient, MemoryClient, RetrievalClient
 from cairn_orchestrator.servicer import OrchestratorServicer
 from cairn_orchestrator.specs import load_agent_specs
