@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import timestamp_pb2
@@ -53,6 +53,9 @@ from cairn_orchestrator.domain import (
 )
 from cairn_orchestrator.errors import DependencyFailed
 
+_Request = TypeVar("_Request")
+_Response = TypeVar("_Response")
+
 _TIERS = {
     "fast": gateway_pb2.TIER_FAST,
     "balanced": gateway_pb2.TIER_BALANCED,
@@ -84,6 +87,21 @@ class _LazyChannel:
 
 def _metadata(credentials: CallCredentials) -> tuple[tuple[str, str], ...]:
     return call_metadata(credentials.caller_token, actor_token=credentials.actor_token)
+
+
+async def _call(
+    service: str,
+    rpc: grpc.aio.UnaryUnaryMultiCallable[_Request, _Response],
+    request: _Request,
+    credentials: CallCredentials,
+    deadline_seconds: float,
+) -> _Response:
+    """One unary call carrying the caller's and the run's tokens; any gRPC failure
+    becomes DependencyFailed naming the service and status (I11)."""
+    try:
+        return await rpc(request, metadata=_metadata(credentials), timeout=deadline_seconds)
+    except grpc.aio.AioRpcError as exc:
+        raise _failure(service, exc) from exc
 
 
 def _failure(service: str, exc: grpc.aio.AioRpcError) -> DependencyFailed:
@@ -216,14 +234,9 @@ class GatewayClient:
         self, request: ModelRequest, credentials: CallCredentials, *, deadline_seconds: float
     ) -> ModelReply:
         stub = gateway_pb2_grpc.GatewayServiceStub(self._channel.get())
-        try:
-            response = await stub.Chat(
-                chat_request_to_proto(request),
-                metadata=_metadata(credentials),
-                timeout=deadline_seconds,
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise _failure("gateway", exc) from exc
+        response = await _call(
+            "gateway", stub.Chat, chat_request_to_proto(request), credentials, deadline_seconds
+        )
         return chat_reply_from_proto(response)
 
     async def close(self) -> None:
@@ -323,14 +336,13 @@ class RetrievalClient:
         if reused is not None:
             return reused
         stub = retrieval_pb2_grpc.RetrievalServiceStub(self._channel.get())
-        try:
-            response = await stub.Search(
-                retrieval_pb2.SearchRequest(query=query, sources=list(sources), k=k),
-                metadata=_metadata(credentials),
-                timeout=deadline_seconds,
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise _failure("retrieval", exc) from exc
+        response = await _call(
+            "retrieval",
+            stub.Search,
+            retrieval_pb2.SearchRequest(query=query, sources=list(sources), k=k),
+            credentials,
+            deadline_seconds,
+        )
         return search_outcome_from_proto(response)
 
     async def close(self) -> None:
@@ -435,12 +447,9 @@ class MemoryClient:
         request = memory_pb2.RecallRequest(query=query, k=k, include_profile=include_profile)
         if subject is not None:
             request.subject.CopyFrom(subject_to_proto(subject))
-        try:
-            response = await self._stub().Recall(
-                request, metadata=_metadata(credentials), timeout=deadline_seconds
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise _failure("memory", exc) from exc
+        response = await _call(
+            "memory", self._stub().Recall, request, credentials, deadline_seconds
+        )
         return recall_outcome_from_proto(response)
 
     async def remember(
@@ -461,12 +470,9 @@ class MemoryClient:
             importance=importance,
             claim_type=memory_pb2.ClaimType.Value(f"CLAIM_TYPE_{claim_type}"),
         )
-        try:
-            response = await self._stub().Remember(
-                request, metadata=_metadata(credentials), timeout=deadline_seconds
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise _failure("memory", exc) from exc
+        response = await _call(
+            "memory", self._stub().Remember, request, credentials, deadline_seconds
+        )
         return RememberOutcome(
             memory=memory_from_proto(response.memory), already_held=response.already_held
         )
@@ -486,12 +492,9 @@ class MemoryClient:
         )
         if previous_value is not None:
             request.previous_value = previous_value
-        try:
-            response = await self._stub().UpdateProfile(
-                request, metadata=_metadata(credentials), timeout=deadline_seconds
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise _failure("memory", exc) from exc
+        response = await _call(
+            "memory", self._stub().UpdateProfile, request, credentials, deadline_seconds
+        )
         return profile_fact_from_proto(response.fact)
 
     async def archive(
@@ -512,39 +515,34 @@ class MemoryClient:
             conversation_id=conversation_id,
             subjects=[subject_to_proto(about) for about in subjects],
         )
-        try:
-            response = await self._stub().Archive(
-                request, metadata=_metadata(credentials), timeout=deadline_seconds
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise _failure("memory", exc) from exc
+        response = await _call(
+            "memory", self._stub().Archive, request, credentials, deadline_seconds
+        )
         block_id: str = response.block_id
         return block_id
 
     async def recall_block(
         self, *, block_id: str, credentials: CallCredentials, deadline_seconds: float
     ) -> ArchivedBlock:
-        try:
-            response = await self._stub().RecallBlock(
-                memory_pb2.RecallBlockRequest(block_id=block_id),
-                metadata=_metadata(credentials),
-                timeout=deadline_seconds,
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise _failure("memory", exc) from exc
+        response = await _call(
+            "memory",
+            self._stub().RecallBlock,
+            memory_pb2.RecallBlockRequest(block_id=block_id),
+            credentials,
+            deadline_seconds,
+        )
         return block_from_proto(response.block)
 
     async def search_blocks(
         self, *, query: str, limit: int, credentials: CallCredentials, deadline_seconds: float
     ) -> list[ArchivedBlock]:
-        try:
-            response = await self._stub().SearchBlocks(
-                memory_pb2.SearchBlocksRequest(query=query, limit=limit),
-                metadata=_metadata(credentials),
-                timeout=deadline_seconds,
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise _failure("memory", exc) from exc
+        response = await _call(
+            "memory",
+            self._stub().SearchBlocks,
+            memory_pb2.SearchBlocksRequest(query=query, limit=limit),
+            credentials,
+            deadline_seconds,
+        )
         return [block_from_proto(b) for b in response.blocks]
 
     async def close(self) -> None:
