@@ -32,8 +32,9 @@ from cairn_libs.embed_cache import cached
 from cairn_libs.embedding import Embedder, embedder_from_env
 from cairn_libs.errors import CairnError
 from cairn_libs.settings import positive_number
-from cairn_memory.copies import CopyHolders, NoOtherHolders, OrchestratorCopies
+from cairn_memory.copies import OrchestratorCopies
 from cairn_memory.keeper import MemoryKeeper
+from cairn_memory.ports import CopyHolders, NoOtherHolders
 from cairn_memory.postgres import PostgresStore, memory_database
 from cairn_memory.servicer import SERVICE_NAME, MemoryServicer
 from cairn_memory.vault import TextVault, vault_from_key

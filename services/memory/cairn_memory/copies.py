@@ -14,8 +14,6 @@ UNAVAILABLE after the erasure here is kept; calling Forget again finishes the re
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import grpc
 
 from cairn.memory.v1 import memory_pb2
@@ -25,28 +23,8 @@ from cairn_memory.domain import Subject
 from cairn_memory.errors import CopiesUnreachable
 
 
-class CopyHolders(Protocol):
-    """Every other place copies of a subject's text may be kept."""
-
-    async def forget_copies(self, subject: Subject, *, caller_token: str) -> None:
-        """Erase them; raises CopiesUnreachable when a holder did not confirm."""
-        ...
-
-    async def close(self) -> None: ...
-
-
-class NoOtherHolders:
-    """A deployment without an orchestrator: memory holds the only copies."""
-
-    async def forget_copies(self, subject: Subject, *, caller_token: str) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-
 class OrchestratorCopies:
-    """The orchestrator's copies, erased through its ForgetCopies RPC."""
+    """The orchestrator's copies, erased through its ForgetCopies RPC (a ports.CopyHolders)."""
 
     def __init__(self, address: str, *, timeout_seconds: float = 15.0) -> None:
         self._address = address

@@ -20,7 +20,6 @@ from cairn_libs.clock import Clock
 from cairn_libs.embedding import Embedder
 from cairn_libs.errors import Denied
 from cairn_libs.identity import CallIdentity, Principal
-from cairn_memory.copies import CopyHolders, NoOtherHolders
 from cairn_memory.domain import (
     DEFAULT_TTL,
     Block,
@@ -45,7 +44,7 @@ from cairn_memory.domain import (
     profile_update,
     recall_mode,
 )
-from cairn_memory.ports import Store
+from cairn_memory.ports import CopyHolders, NoOtherHolders, Store
 
 log = structlog.get_logger(__name__)
 tracer = trace.get_tracer(__name__)

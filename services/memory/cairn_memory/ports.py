@@ -1,5 +1,6 @@
-"""What the keeper needs of storage, one Protocol per concern. postgres.PostgresStore
-is the implementation; a test may hand the keeper anything of this shape."""
+"""What the keeper needs of storage, one Protocol per concern, and of the other
+holders of a subject's copies. postgres.PostgresStore and copies.OrchestratorCopies
+are the implementations; a test may hand the keeper anything of these shapes."""
 
 from __future__ import annotations
 
@@ -109,3 +110,23 @@ class Store(Protocol):
     async def ready(self) -> bool: ...
 
     async def purge_expired(self, *, now: datetime) -> PurgeCounts: ...
+
+
+class CopyHolders(Protocol):
+    """Every other place copies of a subject's text may be kept."""
+
+    async def forget_copies(self, subject: Subject, *, caller_token: str) -> None:
+        """Erase them; raises CopiesUnreachable when a holder did not confirm."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class NoOtherHolders:
+    """A deployment without an orchestrator: memory holds the only copies."""
+
+    async def forget_copies(self, subject: Subject, *, caller_token: str) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
