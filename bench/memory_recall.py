@@ -871,10 +871,22 @@ async def run_memory(*, quick: bool = False) -> list[Figure]:
             {**seq, "queries": n // 2, "org_memories": scale.measured // 10, "plan": plan_medium},
         ),
         Figure(
+            "memory.recall.semantic_medium_org.p99",
+            percentile(medium_ms, 99),
+            "ms",
+            {**seq, "queries": n // 2, "org_memories": scale.measured // 10},
+        ),
+        Figure(
             "memory.recall.semantic_small_org.p50",
             percentile(small_ms, 50),
             "ms",
             {**seq, "queries": n // 2, "org_memories": scale.measured // 100, "plan": plan_small},
+        ),
+        Figure(
+            "memory.recall.semantic_small_org.p99",
+            percentile(small_ms, 99),
+            "ms",
+            {**seq, "queries": n // 2, "org_memories": scale.measured // 100},
         ),
         Figure(
             "memory.recall.newest_first.p50",
