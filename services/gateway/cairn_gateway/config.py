@@ -12,6 +12,9 @@ default is the kind of mistake found only in an outage: unknown keys, a key writ
 twice, wrong types, blank names, numbers that are negative, NaN or infinite, and a
 base_url that already ends in the endpoint the gateway appends (`/chat/completions`)
 are each refused at start-up, naming the provider, the key and what to write. The
+file's shape is declared once, as pydantic models with unknown keys forbidden
+(`ProviderFile`, `ProviderEntry`); pydantic's errors are put back into the file's
+own words (`_refused`), since its defaults would repeat values and name no fix. The
 key itself never enters this module (it is read by the provider that uses it), and
 no message here repeats a value that might be one: api_key_env, header values and a
 URL's user:password part are never echoed.
@@ -19,14 +22,23 @@ URL's user:password part are never echoed.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeGuard, get_args
+from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
 
 import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from cairn_gateway.errors import ConfigInvalid
 
@@ -147,29 +159,6 @@ def offline_default(offline_url: str = DEFAULT_OFFLINE_URL) -> GatewayConfig:
     )
 
 
-_PROVIDER_KEYS = (
-    "name",
-    "preset",
-    "base_url",
-    "api_key_env",
-    "models",
-    "timeout_seconds",
-    "offline_demo",
-    "supports_reasoning_effort",
-    "max_tokens_field",
-    "embedding_model",
-    "tokens_per_minute",
-    "requests_per_minute",
-    "headers",
-    "max_retries",
-    "retry_backoff_seconds",
-    "retry_max_wait_seconds",
-    "cooldown_after_failures",
-    "cooldown_seconds",
-    "cooldown_max_seconds",
-)
-
-
 # Paths the wire appends to base_url (and their near relatives a vendor's docs show):
 # a base_url ending in one makes every call go to ".../chat/completions/chat/completions",
 # which vendors answer with 404, read as the caller's bad request.
@@ -187,6 +176,9 @@ _KEY_PREFIXES = ("sk-", "sk_", "gsk_", "xai-", "hf_", "AIza", "pplx-", "nvapi-",
 # An HTTP header name (RFC 9110 token).
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_URL_EXAMPLE = "e.g. https://api.openai.com/v1"
+_RETRY = RetryPolicy()
+_COOLDOWN = CooldownPolicy()
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -213,6 +205,268 @@ _StrictLoader.add_constructor(
 )
 
 
+# --- the file, declared ----------------------------------------------------------
+#
+# Each key of a provider is a field of `ProviderEntry`. A field's description says
+# what it accepts, and any mistake in it is reported as "<where>.<key> <description>,
+# got <value>"; keys whose mistakes need words of their own (which must never repeat
+# a value that may be a key, or that say how to fix a URL) raise `_refusal` from
+# their validator, and the text follows the key's path as it is.
+
+
+def _refusal(tail: str) -> PydanticCustomError:
+    """A mistake in our own words, said right after the path of the key it is about;
+    `tail` starts with its own separator (" must be ...", ": tier 'x' ...")."""
+    return PydanticCustomError("cairn_config", "{tail}", {"tail": tail})
+
+
+def _name(value: str) -> str:
+    if not value.strip() or _CONTROL.search(value):
+        raise ValueError("a blank name or a control character")
+    return value.strip()
+
+
+def _preset(value: object) -> str:
+    if not isinstance(value, str) or (value and value not in PRESETS):
+        raise _refusal(
+            f" {value!r} is not known; use one of {', '.join(PRESETS)} "
+            "or leave it out and give base_url and api_key_env"
+        )
+    return value
+
+
+def _base_url(value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _refusal(
+            f" must be the http(s) URL of an OpenAI-compatible API ({_URL_EXAMPLE}), "
+            f"got {_shown(value)}"
+        )
+    url = value.strip()
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises for a port that is not a number
+    except ValueError as exc:
+        raise _refusal(f" {url!r} is not a URL ({exc}); {_URL_EXAMPLE}") from exc
+    if parts.username is not None or parts.password is not None:
+        # Not echoed: the part before '@' may well be a key.
+        raise _refusal(
+            " must not carry a user or password (the part before '@'); "
+            "name the key's variable in api_key_env instead"
+        )
+    if parts.scheme not in ("http", "https"):
+        raise _refusal(f" {url!r} must start with http:// or https:// ({_URL_EXAMPLE})")
+    if not parts.hostname:
+        raise _refusal(f" {url!r} names no host ({_URL_EXAMPLE})")
+    if parts.query or parts.fragment or _CONTROL.search(url) or " " in url:
+        raise _refusal(
+            f" {url!r} must be a plain URL, without spaces, a query (?...) "
+            f"or a fragment (#...) ({_URL_EXAMPLE})"
+        )
+    url = url.rstrip("/")
+    for suffix in ENDPOINT_SUFFIXES:
+        if url.lower().endswith(suffix):
+            root = url[: -len(suffix)]
+            raise _refusal(
+                f" {url!r} ends in {suffix!r}, which the gateway appends "
+                f"itself (it calls <base_url>/chat/completions and <base_url>/embeddings); "
+                f"write {root!r}"
+            )
+    return url
+
+
+def _key_variable(value: object) -> str:
+    if value is None:
+        return ""
+    what = (
+        " must be the NAME of an environment variable that holds the "
+        "key (e.g. GROQ_API_KEY), or empty for a server without keys"
+    )
+    if not isinstance(value, str):
+        raise _refusal(f"{what}; got {type(value).__name__}")
+    name = value.strip()
+    # The value is never repeated: a key pasted here must not reach the log.
+    if name.startswith(_KEY_PREFIXES):
+        raise _refusal(
+            f"{what}; the value given looks like a key itself (not shown). Put the key in "
+            "an environment variable and write that variable's name here"
+        )
+    if name and not name.isidentifier():
+        raise _refusal(
+            f"{what}; the value given is not a variable name (letters, digits and _ only; "
+            "not shown, in case it is the key)"
+        )
+    return name
+
+
+def _tier(value: object) -> Tier:
+    for tier in TIERS:
+        if value == tier:
+            return tier
+    raise _refusal(f": tier {value!r} is not known; use {', '.join(TIERS)}")
+
+
+def _model_name(value: object) -> str:
+    if not isinstance(value, str) or not value.strip() or _CONTROL.search(value):
+        raise _refusal(f" must be a non-empty model name, got {_shown(value)}")
+    return value.strip()
+
+
+def _embedding_model(value: str | None) -> str:
+    if value is not None and _CONTROL.search(value):
+        raise ValueError("a control character")
+    return (value or "").strip()
+
+
+def _headers(value: object) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _refusal(f" must map header names to strings, got {type(value).__name__}")
+    headers: dict[str, str] = {}
+    for header, text in value.items():
+        # Values are never shown: a vendor's own key header (api-key) may be among them.
+        if not isinstance(header, str) or not _HEADER_NAME.match(header):
+            raise _refusal(
+                f": {_shown(header)} is not an HTTP header name "
+                "(letters, digits and -, e.g. HTTP-Referer)"
+            )
+        if header.lower() == "authorization":
+            raise _refusal(
+                " must not carry 'Authorization'; name the key's variable "
+                "in api_key_env so the key stays out of the file"
+            )
+        if not isinstance(text, str) or _CONTROL.search(text):
+            raise _refusal(
+                f".{header} must be text on one line (no control "
+                f"characters), got a {type(text).__name__} (value not shown)"
+            )
+        headers[header] = text
+    return headers
+
+
+def _at_least_one_failure(value: int) -> int:
+    if value == 0:
+        raise _refusal(" must be at least 1; to turn cooldowns off set cooldown_max_seconds: 0")
+    return value
+
+
+_WHOLE = "must be a whole number >= 0"
+_POSITIVE_WHOLE = "must be a whole number > 0"
+_SECONDS = "must be a number of seconds >= 0"
+_POSITIVE_SECONDS = "must be a number of seconds > 0"
+_TRUE_OR_FALSE = "must be true or false"
+
+
+class ProviderEntry(BaseModel):
+    """One entry of the file's `providers:` list, as written. Fields are declared in
+    the order they are checked, so the first mistake reported is the first one met."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    name: Annotated[str, AfterValidator(_name)] = Field(
+        description="must be a non-empty string without control characters"
+    )
+    preset: Annotated[str, PlainValidator(_preset)] = Field(
+        "", description=f"one of {', '.join(PRESETS)}, or left out"
+    )
+    base_url: Annotated[str, PlainValidator(_base_url)] = Field(
+        description=f"must be the http(s) URL of an OpenAI-compatible API ({_URL_EXAMPLE})"
+    )
+    api_key_env: Annotated[str, PlainValidator(_key_variable)] = Field(
+        "", description="the NAME of the variable holding the key, or empty"
+    )
+    models: Annotated[
+        dict[Annotated[Tier, PlainValidator(_tier)], Annotated[str, PlainValidator(_model_name)]],
+        Field(min_length=1),
+    ] = Field(description=f"must map tiers ({', '.join(TIERS)}) to model names")
+    timeout_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        DEFAULT_TIMEOUT_SECONDS, description=_POSITIVE_SECONDS
+    )
+    max_tokens_field: MaxTokensField = Field(
+        "max_tokens", description=f"must be one of {', '.join(_MAX_TOKENS_FIELDS)}"
+    )
+    embedding_model: Annotated[str | None, AfterValidator(_embedding_model)] = Field(
+        "", description="must be a model name (or left out)"
+    )
+    headers: Annotated[dict[str, str], PlainValidator(_headers)] = Field(
+        default_factory=dict, description="header names to text, never Authorization"
+    )
+    max_retries: Annotated[int, Field(ge=0)] = Field(_RETRY.max_retries, description=_WHOLE)
+    retry_backoff_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        _RETRY.backoff_seconds, description=_POSITIVE_SECONDS
+    )
+    retry_max_wait_seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        _RETRY.max_wait_seconds, description=_SECONDS
+    )
+    cooldown_after_failures: Annotated[int, Field(ge=0), AfterValidator(_at_least_one_failure)] = (
+        Field(_COOLDOWN.after_failures, description=_WHOLE)
+    )
+    cooldown_seconds: Annotated[float, Field(gt=0, allow_inf_nan=False)] = Field(
+        _COOLDOWN.base_seconds, description=_POSITIVE_SECONDS
+    )
+    cooldown_max_seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)] = Field(
+        _COOLDOWN.max_seconds, description=_SECONDS
+    )
+    offline_demo: bool = Field(False, description=_TRUE_OR_FALSE)
+    supports_reasoning_effort: bool = Field(False, description=_TRUE_OR_FALSE)
+    tokens_per_minute: Annotated[int | None, Field(gt=0)] = Field(None, description=_POSITIVE_WHOLE)
+    requests_per_minute: Annotated[int | None, Field(gt=0)] = Field(
+        None, description=_POSITIVE_WHOLE
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset_fills_the_rest(cls, raw: object) -> object:
+        """A preset supplies base_url, api_key_env and max_tokens_field; keys written
+        next to it win."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("preset"), str):
+            return raw
+        preset = PRESETS.get(raw["preset"])
+        if preset is None:
+            return raw
+        return {
+            "base_url": preset.base_url,
+            "api_key_env": preset.api_key_env,
+            "max_tokens_field": preset.max_tokens_field,
+            **raw,
+        }
+
+    def to_config(self) -> ProviderConfig:
+        return ProviderConfig(
+            name=self.name,
+            base_url=self.base_url,
+            api_key_env=self.api_key_env,
+            models=dict(self.models),
+            timeout_seconds=float(self.timeout_seconds),
+            offline_demo=self.offline_demo,
+            supports_reasoning_effort=self.supports_reasoning_effort,
+            max_tokens_field=self.max_tokens_field,
+            embedding_model=self.embedding_model or "",
+            tokens_per_minute=self.tokens_per_minute,
+            requests_per_minute=self.requests_per_minute,
+            preset=self.preset,
+            headers=dict(self.headers),
+            retry=RetryPolicy(
+                max_retries=self.max_retries,
+                backoff_seconds=float(self.retry_backoff_seconds),
+                max_wait_seconds=float(self.retry_max_wait_seconds),
+            ),
+            cooldown=CooldownPolicy(
+                after_failures=self.cooldown_after_failures,
+                base_seconds=float(self.cooldown_seconds),
+                max_seconds=float(self.cooldown_max_seconds),
+            ),
+        )
+
+
+class ProviderFile(BaseModel):
+    """The whole file: one key, the providers in failover order."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    providers: list[ProviderEntry] = Field(min_length=1)
+
+
 def parse_config(text: str, *, source: str) -> GatewayConfig:
     """Parse the YAML provider file; ConfigInvalid names the bad key and what is accepted."""
     try:
@@ -221,21 +475,12 @@ def parse_config(text: str, *, source: str) -> GatewayConfig:
         raise ConfigInvalid(f"{source}: {exc.message}") from exc
     except yaml.YAMLError as exc:
         raise ConfigInvalid(f"{source}: not valid YAML: {exc}") from exc
-    if not isinstance(document, dict) or set(document) - {"providers"}:
-        raise ConfigInvalid(
-            f"{source}: the file must be a mapping with one key, 'providers' (a list), "
-            f"got {_shown(document)}"
-        )
-    raw_providers = document.get("providers")
-    if not isinstance(raw_providers, list) or not raw_providers:
-        raise ConfigInvalid(
-            f"{source}: 'providers' must be a non-empty list, in failover order, "
-            f"got {_shown(raw_providers)}"
-        )
-    providers = tuple(
-        _parse_provider(raw, where=f"{source}: providers[{index}]")
-        for index, raw in enumerate(raw_providers)
-    )
+    try:
+        parsed = ProviderFile.model_validate(document)
+    except ValidationError as exc:
+        # Not chained: pydantic's own text repeats the values, and one may be a key.
+        raise _refused(exc, document, source=source) from None
+    providers = tuple(entry.to_config() for entry in parsed.providers)
     names = [p.name for p in providers]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -243,259 +488,60 @@ def parse_config(text: str, *, source: str) -> GatewayConfig:
     return GatewayConfig(providers=providers, source=source)
 
 
-def _parse_provider(raw: object, *, where: str) -> ProviderConfig:
-    if not isinstance(raw, dict):
-        raise ConfigInvalid(f"{where} must be a mapping, got {_shown(raw)}")
-    unknown = sorted(set(raw) - set(_PROVIDER_KEYS))
+def _refused(error: ValidationError, document: object, *, source: str) -> ConfigInvalid:
+    """pydantic's errors as one ConfigInvalid in the file's words: the first mistake,
+    with the path to the key and what the key accepts."""
+    errors = error.errors()
+    if not isinstance(document, dict) or any(e["loc"][:1] != ("providers",) for e in errors):
+        return ConfigInvalid(
+            f"{source}: the file must be a mapping with one key, 'providers' (a list), "
+            f"got {_shown(document)}"
+        )
+    if any(e["loc"] == ("providers",) for e in errors):
+        return ConfigInvalid(
+            f"{source}: 'providers' must be a non-empty list, in failover order, "
+            f"got {_shown(document.get('providers'))}"
+        )
+    index = min(int(e["loc"][1]) for e in errors)
+    return _entry_refused(
+        [e for e in errors if e["loc"][1] == index],
+        document["providers"][index],
+        where=f"{source}: providers[{index}]",
+    )
+
+
+def _entry_refused(errors: list[ErrorDetails], raw: object, *, where: str) -> ConfigInvalid:
+    if not isinstance(raw, dict) or any(len(e["loc"]) == 2 for e in errors):
+        return ConfigInvalid(f"{where} must be a mapping, got {_shown(raw)}")
+    unknown = sorted(str(e["loc"][2]) for e in errors if e["type"] == "extra_forbidden")
     if unknown:
-        raise ConfigInvalid(
-            f"{where}: unknown key(s) {unknown!r}; accepted keys: {', '.join(_PROVIDER_KEYS)}"
+        return ConfigInvalid(
+            f"{where}: unknown key(s) {unknown!r}; accepted keys: "
+            f"{', '.join(ProviderEntry.model_fields)}"
         )
     name = raw.get("name")
-    if not isinstance(name, str) or not name.strip() or _CONTROL.search(name):
-        raise ConfigInvalid(
-            f"{where}.name must be a non-empty string without control characters, "
-            f"got {_shown(name)}"
-        )
-    name = name.strip()
-    where = f"{where} ({name})"
-
-    preset_name = raw.get("preset", "")
-    if not isinstance(preset_name, str) or (preset_name and preset_name not in PRESETS):
-        raise ConfigInvalid(
-            f"{where}.preset {preset_name!r} is not known; use one of {', '.join(PRESETS)} "
-            "or leave it out and give base_url and api_key_env"
-        )
-    preset = PRESETS.get(preset_name)
-
-    base_url = _base_url(raw.get("base_url", preset.base_url if preset else None), where=where)
-    api_key_env = _key_variable(
-        raw.get("api_key_env", preset.api_key_env if preset else ""), where=where
+    if isinstance(name, str) and name.strip() and not _CONTROL.search(name):
+        where = f"{where} ({name.strip()})"
+    first = errors[0]
+    path = first["loc"][2:]
+    if path[-1:] == ("[key]",):
+        path = path[:-2]
+    if first["type"] == "cairn_config":
+        return ConfigInvalid(f"{where}.{'.'.join(str(p) for p in path)}{first['msg']}")
+    key = str(path[0])
+    given = None if first["type"] == "missing" else first["input"]
+    return ConfigInvalid(
+        f"{where}.{key} {ProviderEntry.model_fields[key].description}, got {_shown(given)}"
     )
-
-    models = _parse_models(raw.get("models"), where=f"{where}.models")
-    timeout = raw.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)
-    if not _finite(timeout) or timeout <= 0:
-        raise ConfigInvalid(
-            f"{where}.timeout_seconds must be a number of seconds > 0, got {_shown(timeout)}"
-        )
-    max_tokens_field = raw.get(
-        "max_tokens_field", preset.max_tokens_field if preset else "max_tokens"
-    )
-    if max_tokens_field not in _MAX_TOKENS_FIELDS:
-        raise ConfigInvalid(
-            f"{where}.max_tokens_field must be one of {', '.join(_MAX_TOKENS_FIELDS)}, "
-            f"got {_shown(max_tokens_field)}"
-        )
-    embedding_model = raw.get("embedding_model", "")
-    if embedding_model is None:
-        embedding_model = ""
-    if not isinstance(embedding_model, str) or _CONTROL.search(embedding_model):
-        raise ConfigInvalid(
-            f"{where}.embedding_model must be a model name (or left out), "
-            f"got {_shown(embedding_model)}"
-        )
-    headers = _headers(raw.get("headers", {}), where=where)
-    defaults_retry, defaults_cooldown = RetryPolicy(), CooldownPolicy()
-    retry = RetryPolicy(
-        max_retries=_whole(raw, "max_retries", defaults_retry.max_retries, where=where),
-        backoff_seconds=_seconds(
-            raw, "retry_backoff_seconds", defaults_retry.backoff_seconds, where=where, zero=False
-        ),
-        max_wait_seconds=_seconds(
-            raw, "retry_max_wait_seconds", defaults_retry.max_wait_seconds, where=where
-        ),
-    )
-    after_failures = _whole(
-        raw, "cooldown_after_failures", defaults_cooldown.after_failures, where=where
-    )
-    if after_failures == 0:
-        raise ConfigInvalid(
-            f"{where}.cooldown_after_failures must be at least 1; to turn cooldowns off "
-            "set cooldown_max_seconds: 0"
-        )
-    cooldown = CooldownPolicy(
-        after_failures=after_failures,
-        base_seconds=_seconds(
-            raw, "cooldown_seconds", defaults_cooldown.base_seconds, where=where, zero=False
-        ),
-        max_seconds=_seconds(
-            raw, "cooldown_max_seconds", defaults_cooldown.max_seconds, where=where
-        ),
-    )
-    return ProviderConfig(
-        name=name,
-        base_url=base_url,
-        api_key_env=api_key_env,
-        models=models,
-        timeout_seconds=float(timeout),
-        offline_demo=_bool(raw, "offline_demo", where=where),
-        supports_reasoning_effort=_bool(raw, "supports_reasoning_effort", where=where),
-        max_tokens_field=max_tokens_field,
-        embedding_model=embedding_model.strip(),
-        tokens_per_minute=_positive_int(raw, "tokens_per_minute", where=where),
-        requests_per_minute=_positive_int(raw, "requests_per_minute", where=where),
-        preset=preset_name,
-        headers=headers,
-        retry=retry,
-        cooldown=cooldown,
-    )
-
-
-def _parse_models(raw: object, *, where: str) -> dict[Tier, str]:
-    if not isinstance(raw, dict) or not raw:
-        raise ConfigInvalid(
-            f"{where} must map tiers ({', '.join(TIERS)}) to model names, got {_shown(raw)}"
-        )
-    models: dict[Tier, str] = {}
-    for tier, model in raw.items():
-        if tier not in TIERS:
-            raise ConfigInvalid(f"{where}: tier {tier!r} is not known; use {', '.join(TIERS)}")
-        if not isinstance(model, str) or not model.strip() or _CONTROL.search(model):
-            raise ConfigInvalid(
-                f"{where}.{tier} must be a non-empty model name, got {_shown(model)}"
-            )
-        models[tier] = model.strip()
-    return models
-
-
-def _bool(raw: Mapping[str, object], key: str, *, where: str) -> bool:
-    value = raw.get(key, False)
-    if not isinstance(value, bool):
-        raise ConfigInvalid(f"{where}.{key} must be true or false, got {_shown(value)}")
-    return value
-
-
-def _positive_int(raw: Mapping[str, object], key: str, *, where: str) -> int | None:
-    value = raw.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigInvalid(f"{where}.{key} must be a whole number > 0, got {_shown(value)}")
-    return value
-
-
-def _whole(raw: Mapping[str, object], key: str, default: int, *, where: str) -> int:
-    value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigInvalid(f"{where}.{key} must be a whole number >= 0, got {_shown(value)}")
-    return value
-
-
-def _seconds(
-    raw: Mapping[str, object], key: str, default: float, *, where: str, zero: bool = True
-) -> float:
-    value = raw.get(key, default)
-    if not _finite(value) or value < 0 or (value == 0 and not zero):
-        bound = ">= 0" if zero else "> 0"
-        raise ConfigInvalid(
-            f"{where}.{key} must be a number of seconds {bound}, got {_shown(value)}"
-        )
-    return float(value)
 
 
 def check_base_url(value: object, *, where: str) -> str:
     """The URL as the gateway will use it (no trailing slash), or ConfigInvalid
     naming `where` and what is wrong with it."""
-    return _base_url(value, where=where, key="")
-
-
-def _base_url(value: object, *, where: str, key: str = ".base_url") -> str:
-    example = "e.g. https://api.openai.com/v1"
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigInvalid(
-            f"{where}{key} must be the http(s) URL of an OpenAI-compatible API "
-            f"({example}), got {_shown(value)}"
-        )
-    url = value.strip()
     try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises for a port that is not a number
-    except ValueError as exc:
-        raise ConfigInvalid(f"{where}{key} {url!r} is not a URL ({exc}); {example}") from exc
-    if parts.username is not None or parts.password is not None:
-        # Not echoed: the part before '@' may well be a key.
-        raise ConfigInvalid(
-            f"{where}{key} must not carry a user or password (the part before '@'); "
-            "name the key's variable in api_key_env instead"
-        )
-    if parts.scheme not in ("http", "https"):
-        raise ConfigInvalid(f"{where}{key} {url!r} must start with http:// or https:// ({example})")
-    if not parts.hostname:
-        raise ConfigInvalid(f"{where}{key} {url!r} names no host ({example})")
-    if parts.query or parts.fragment or _CONTROL.search(url) or " " in url:
-        raise ConfigInvalid(
-            f"{where}{key} {url!r} must be a plain URL, without spaces, a query (?...) "
-            f"or a fragment (#...) ({example})"
-        )
-    url = url.rstrip("/")
-    for suffix in ENDPOINT_SUFFIXES:
-        if url.lower().endswith(suffix):
-            root = url[: -len(suffix)]
-            raise ConfigInvalid(
-                f"{where}{key} {url!r} ends in {suffix!r}, which the gateway appends "
-                f"itself (it calls <base_url>/chat/completions and <base_url>/embeddings); "
-                f"write {root!r}"
-            )
-    return url
-
-
-def _key_variable(value: object, *, where: str) -> str:
-    if value is None:
-        return ""
-    what = (
-        f"{where}.api_key_env must be the NAME of an environment variable that holds the "
-        "key (e.g. GROQ_API_KEY), or empty for a server without keys"
-    )
-    if not isinstance(value, str):
-        raise ConfigInvalid(f"{what}; got {type(value).__name__}")
-    name = value.strip()
-    # The value is never repeated: a key pasted here must not reach the log.
-    if name.startswith(_KEY_PREFIXES):
-        raise ConfigInvalid(
-            f"{what}; the value given looks like a key itself (not shown). Put the key in "
-            "an environment variable and write that variable's name here"
-        )
-    if name and not name.isidentifier():
-        raise ConfigInvalid(
-            f"{what}; the value given is not a variable name (letters, digits and _ only; "
-            "not shown, in case it is the key)"
-        )
-    return name
-
-
-def _headers(value: object, *, where: str) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ConfigInvalid(
-            f"{where}.headers must map header names to strings, got {type(value).__name__}"
-        )
-    headers: dict[str, str] = {}
-    for header, text in value.items():
-        # Values are never shown: a vendor's own key header (api-key) may be among them.
-        if not isinstance(header, str) or not _HEADER_NAME.match(header):
-            raise ConfigInvalid(
-                f"{where}.headers: {_shown(header)} is not an HTTP header name "
-                "(letters, digits and -, e.g. HTTP-Referer)"
-            )
-        if header.lower() == "authorization":
-            raise ConfigInvalid(
-                f"{where}.headers must not carry 'Authorization'; name the key's variable "
-                "in api_key_env so the key stays out of the file"
-            )
-        if not isinstance(text, str) or _CONTROL.search(text):
-            raise ConfigInvalid(
-                f"{where}.headers.{header} must be text on one line (no control "
-                f"characters), got a {type(text).__name__} (value not shown)"
-            )
-        headers[header] = text
-    return headers
-
-
-def _finite(value: object) -> TypeGuard[int | float]:
-    """A number YAML wrote as one (not true/false), and neither .nan nor .inf."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        return _base_url(value)
+    except PydanticCustomError as exc:
+        raise ConfigInvalid(f"{where}{exc.message()}") from None
 
 
 def _shown(value: object) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import traceback
 from pathlib import Path
 
 import grpc
@@ -240,6 +241,18 @@ def test_a_key_written_where_it_does_not_belong_is_refused_without_repeating_it(
 
     assert "(groq-main)" in refused.value.message
     assert SECRET not in refused.value.message and SECRET[:12] not in refused.value.message
+
+
+def test_a_refused_key_is_not_repeated_in_the_refusals_traceback_either() -> None:
+    with pytest.raises(ConfigInvalid) as refused:
+        parse_config(
+            one_provider(f"api_key_env: {SECRET}", "base_url: https://x/v1", "models: {fast: m}"),
+            source="providers.yaml",
+        )
+
+    shown = "".join(traceback.format_exception(refused.value))
+    assert "api_key_env" in shown
+    assert SECRET not in shown and SECRET[:12] not in shown
 
 
 def test_retries_and_cooldowns_default_sensibly_and_are_set_per_provider() -> None:
