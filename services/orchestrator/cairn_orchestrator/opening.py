@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from cairn_orchestrator.cancellation import CancelWatch
-from cairn_orchestrator.conversation import ConversationArchiver, plan_conversation, window_lines
+from cairn_orchestrator.conversation import ConversationArchiver
+from cairn_orchestrator.conversation_window import plan_conversation, window_lines
 from cairn_orchestrator.domain import (
     ConversationTurn,
     ErrorValue,

@@ -19,12 +19,8 @@ from datetime import datetime
 from cairn_libs.fence import fence
 
 # The conversation window (bounded in tokens, not turns; large turns archived
-# before they are cut) is decided in conversation.py and re-exported here.
-from cairn_orchestrator.conversation import CONVERSATION_TOKEN_BOUND as CONVERSATION_TOKEN_BOUND
-from cairn_orchestrator.conversation import CONVERSATION_TURN_CHARS as CONVERSATION_TURN_CHARS
-from cairn_orchestrator.conversation import clip_turn as clip_turn
-from cairn_orchestrator.conversation import conversation_window
-from cairn_orchestrator.conversation import estimate_tokens as estimate_tokens
+# before they are cut) is decided in conversation_window.py.
+from cairn_orchestrator.conversation_window import conversation_window
 from cairn_orchestrator.domain import (
     AgentSpec,
     Budgets,

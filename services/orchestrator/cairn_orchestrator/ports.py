@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from cairn_orchestrator.confirmations import Recovered, ResolutionRecord, Resolver
 from cairn_orchestrator.domain import (
     ENGLISH,
     ArchivedBlock,
@@ -41,9 +42,6 @@ from cairn_orchestrator.domain import (
     StepRecord,
 )
 from cairn_orchestrator.erasure import ErasedCopies
-
-if TYPE_CHECKING:  # confirmations imports the phases, which import ports
-    from cairn_orchestrator.confirmations import Recovered, ResolutionRecord, Resolver
 
 
 class ModelGateway(Protocol):

@@ -13,6 +13,11 @@ from hypothesis import strategies as st
 
 from cairn_libs.fence import NONCE_PATTERN, block_body
 from cairn_libs.memory_block import NEVER_A_REASON
+from cairn_orchestrator.conversation_window import (
+    CONVERSATION_TOKEN_BOUND,
+    conversation_window,
+    estimate_tokens,
+)
 from cairn_orchestrator.domain import (
     AgentSpec,
     Budgets,
@@ -29,7 +34,6 @@ from cairn_orchestrator.domain import (
 )
 from cairn_orchestrator.knowledge_tool import search_knowledge_tool
 from cairn_orchestrator.phases import (
-    CONVERSATION_TOKEN_BOUND,
     Decision,
     FinalAnswer,
     RunToolCalls,
@@ -37,8 +41,6 @@ from cairn_orchestrator.phases import (
     after_model_reply,
     budget_exhaustion,
     cited_labels,
-    conversation_window,
-    estimate_tokens,
     model_request,
     plan_after_reply,
     prepare_turn,
