@@ -359,6 +359,10 @@ def _ingestor(db: Database, vectors: VectorStore, embedder: Embedder | None) -> 
 
 
 def _searcher(corpus: Corpus, engine: str, embedder: Embedder | None) -> Searcher:
+    """The service's Searcher over the bare model: the service puts its queries
+    behind an embedding cache (RetrievalApp, CAIRN_EMBED_CACHE_ENTRIES), and these
+    figures repeat each query per share and engine, so a cache here would measure
+    the second ask of every query and not the model."""
     vectors = corpus.engines[engine]
     return Searcher(
         chunks=corpus.chunks,

@@ -11,7 +11,7 @@ logs when its state changes.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -19,6 +19,7 @@ import structlog
 
 from cairn.retrieval.v1 import retrieval_pb2_grpc
 from cairn_libs.db import Database, database_url, load_migrations
+from cairn_libs.embed_cache import cached
 from cairn_libs.embedding import LOCAL_DIMENSIONS, LOCAL_MODEL_ID, Embedder
 from cairn_libs.settings import positive_whole_number
 from cairn_libs.stack import REPO_ROOT
@@ -64,10 +65,16 @@ class RetrievalApp:
         embedder: Embedder | None,
         analyzers: SourceAnalyzers | None = None,
         budget: ChunkBudget | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.database = database
         self.vectors = vectors
         self.embedder = embedder
+        # One run asks for its question's vector up to three times (the prefetch,
+        # the model's own search, a recall of it), so queries are embedded once per
+        # service (CAIRN_EMBED_CACHE_ENTRIES). Ingest embeds the model itself: its
+        # chunk texts are new by construction, and a bulk load would evict queries.
+        self.query_embedder = cached(embedder, env=env)
         self._analyzers = analyzers or SourceAnalyzers()
         self._budget = budget or chunk_budget_for(embedder)
         ledger = PostgresVectorLedger(database)
@@ -87,17 +94,15 @@ class RetrievalApp:
             analyzers=self._analyzers,
             budget=self._budget,
         )
-        self._servicer = RetrievalServicer(
-            ingestor=self.ingestor,
-            searcher=Searcher(
-                chunks=PostgresSearchReads(database),
-                vectors=vectors,
-                embedder=embedder,
-                space=space,
-                analyzers=self._analyzers,
-                health=self.health,
-            ),
+        self.searcher = Searcher(
+            chunks=PostgresSearchReads(database),
+            vectors=vectors,
+            embedder=self.query_embedder,
+            space=space,
+            analyzers=self._analyzers,
+            health=self.health,
         )
+        self._servicer = RetrievalServicer(ingestor=self.ingestor, searcher=self.searcher)
         self._vector_store_ok: bool | None = None
 
     def register(self, server: grpc.aio.Server) -> Sequence[str]:
