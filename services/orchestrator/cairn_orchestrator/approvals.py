@@ -21,6 +21,7 @@ from cairn_orchestrator.confirmations import (
 )
 from cairn_orchestrator.domain import (
     Confirmation,
+    ConfirmationRequestedDetail,
     ConfirmationState,
     LoopState,
     Run,
@@ -98,7 +99,7 @@ class Approvals:
                 carried_confirmation=state.carried_confirmation,
             )
             # The arguments went back to the model: a tool call, not a request.
-            record = step.record(outcome.detail(), outcome.error, kind=StepKind.TOOL_CALL)
+            record = step.record(outcome.step_detail(), outcome.error, kind=StepKind.TOOL_CALL)
             await self._recorder.record(scope, record, state)
             return state
         await self._recorder.written(scope)
@@ -110,7 +111,7 @@ class Approvals:
             run_id=scope.run.run_id,
             user_id=scope.run.user_id,
             proposal=proposal,
-            step=replace(step.record({}, None), copies=proposal.copies),
+            step=replace(step.record(ConfirmationRequestedDetail(), None), copies=proposal.copies),
             loop_state=at_rest,
         )
         self._signals.changed(run.run_id)
@@ -149,7 +150,7 @@ class Approvals:
             context = tool_context(scope, state, confirmation_token=confirmation.token)
             outcome = await dispatch(self._registry, call, context)
             step.mark(outcome.error)
-        detail = {**outcome.detail(), "confirmed": True, "attempt": begun.executions}
+        detail = replace(outcome.step_detail(), attempt=begun.executions)
         after = after_resolved_write(state, outcome)
         cancelled = await confirmations.record_write(
             org_id=scope.run.org_id,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cairn_orchestrator.conversation_window import (
@@ -25,10 +25,11 @@ from cairn_orchestrator.conversation_window import (
     window_lines,
 )
 from cairn_orchestrator.domain import (
+    ArchivedTurnDetail,
     CallCredentials,
+    ConversationArchiveDetail,
     ErrorValue,
     HeldCopy,
-    JSONValue,
     MemorySubject,
 )
 from cairn_orchestrator.errors import DependencyFailed
@@ -42,7 +43,7 @@ class CompactedConversation:
     so an erasure of the subject reaches the run's copies of them too (I9)."""
 
     lines: tuple[str, ...]
-    detail: Mapping[str, JSONValue]
+    detail: ConversationArchiveDetail
     error: ErrorValue | None = None
     copies: tuple[HeldCopy, ...] = ()
 
@@ -140,31 +141,30 @@ class ConversationArchiver:
             await asyncio.gather(*(keep(block) for block in plan.to_archive))
 
         lines = window_lines(plan, block_ids)
-        detail: dict[str, JSONValue] = {
-            "conversation_id": conversation_id,
-            "turns": plan.turns,
-            "window_turns": len(plan.entries),
-            "evicted_turns": plan.evicted,
-            "clipped_turns": sum(1 for e in plan.entries if e.clipped),
-            "window_tokens": sum(estimate_tokens(line) for line in lines),
-            "archived": [
-                {
-                    "turn": block.turn,
-                    "role": block.role,
-                    "chars": len(block.content),
-                    "block_id": block_ids.get(block.turn, ""),
-                    "already_archived": block.turn in reused,
-                }
-                for block in plan.to_archive
-            ],
-            "cited_block_ids": list(cited_block_ids(plan, block_ids)),
-        }
-        if note:
-            detail["note"] = note
         error: ErrorValue | None = None
+        failures.sort()
+        detail = ConversationArchiveDetail(
+            conversation_id=conversation_id,
+            turns=plan.turns,
+            window_turns=len(plan.entries),
+            evicted_turns=plan.evicted,
+            clipped_turns=sum(1 for e in plan.entries if e.clipped),
+            window_tokens=sum(estimate_tokens(line) for line in lines),
+            archived=tuple(
+                ArchivedTurnDetail(
+                    turn=block.turn,
+                    role=block.role,
+                    chars=len(block.content),
+                    block_id=block_ids.get(block.turn, ""),
+                    already_archived=block.turn in reused,
+                )
+                for block in plan.to_archive
+            ),
+            cited_block_ids=cited_block_ids(plan, block_ids),
+            note=note,
+            failed_turns=tuple(turn for turn, _ in failures),
+        )
         if failures:
-            failures.sort()
-            detail["failed_turns"] = [turn for turn, _ in failures]
             first = failures[0][1]
             error = ErrorValue(
                 first.code,

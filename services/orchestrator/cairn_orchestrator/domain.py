@@ -469,6 +469,209 @@ class Step(StepRecord):
     seq: int
 
 
+# ---------------------------------------------------------------- step details
+#
+# What the loop says about each kind of step. Each record's `to_json` is the
+# object stored as the step's detail (and drawn by the panel): keys in this order,
+# optional keys only when they apply, so a stored trajectory reads as it always did.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryReadDetail:
+    """A recall at the start of a run; `mode` is None when no recall answered."""
+
+    k: int
+    mode: str | None = None
+    mode_reason: str = ""
+    memory_ids: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, JSONValue]:
+        detail: dict[str, JSONValue] = {"k": self.k}
+        if self.mode is not None:
+            detail |= {"mode": self.mode, "mode_reason": self.mode_reason}
+        return detail | {"count": len(self.memory_ids), "memory_ids": list(self.memory_ids)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetrievalDetail:
+    """The knowledge prefetch; `mode` is None when no search answered."""
+
+    k: int
+    sources: tuple[str, ...]
+    mode: str | None = None
+    mode_reason: str = ""
+    results: tuple[LabelledChunk, ...] = ()
+
+    def to_json(self) -> dict[str, JSONValue]:
+        detail: dict[str, JSONValue] = {"k": self.k, "sources": list(self.sources)}
+        if self.mode is not None:
+            detail |= {"mode": self.mode, "mode_reason": self.mode_reason}
+        results: list[JSONValue] = [
+            {
+                "label": entry.label,
+                "document_id": entry.chunk.document_id,
+                "chunk_id": entry.chunk.chunk_id,
+                "source": entry.chunk.source,
+                "title": entry.chunk.title,
+                "char_start": entry.chunk.char_start,
+                "char_end": entry.chunk.char_end,
+                "bm25_score": entry.chunk.bm25_score,
+                "dense_score": entry.chunk.dense_score,
+                "fused_score": entry.chunk.fused_score,
+            }
+            for entry in self.results
+        ]
+        return detail | {"count": len(self.results), "results": results}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ArchivedTurnDetail:
+    """One large earlier turn the archiver was asked to keep."""
+
+    turn: int
+    role: str
+    chars: int
+    block_id: str  # "" when it could not be archived
+    already_archived: bool
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {
+            "turn": self.turn,
+            "role": self.role,
+            "chars": self.chars,
+            "block_id": self.block_id,
+            "already_archived": self.already_archived,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConversationArchiveDetail:
+    """The conversation window a run opened with, and the turns archived for it."""
+
+    conversation_id: str
+    turns: int
+    window_turns: int
+    evicted_turns: int
+    clipped_turns: int
+    window_tokens: int
+    archived: tuple[ArchivedTurnDetail, ...]
+    cited_block_ids: tuple[str, ...]
+    note: str = ""
+    failed_turns: tuple[int, ...] = ()
+
+    def to_json(self) -> dict[str, JSONValue]:
+        detail: dict[str, JSONValue] = {
+            "conversation_id": self.conversation_id,
+            "turns": self.turns,
+            "window_turns": self.window_turns,
+            "evicted_turns": self.evicted_turns,
+            "clipped_turns": self.clipped_turns,
+            "window_tokens": self.window_tokens,
+            "archived": [turn.to_json() for turn in self.archived],
+            "cited_block_ids": list(self.cited_block_ids),
+        }
+        if self.note:
+            detail["note"] = self.note
+        if self.failed_turns:
+            detail["failed_turns"] = list(self.failed_turns)
+        return detail
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelCallDetail:
+    """A model call: what was asked, and (when it answered) who answered what.
+    `rerun`: why the turn is asked again after this call was refused."""
+
+    tier: str
+    max_tokens: int
+    remaining_budget_tokens: int
+    messages: int
+    tools_offered: tuple[str, ...]
+    reply: ModelReply | None = None
+    rerun: str | None = None
+
+    def to_json(self) -> dict[str, JSONValue]:
+        detail: dict[str, JSONValue] = {
+            "tier": self.tier,
+            "max_tokens": self.max_tokens,
+            "remaining_budget_tokens": self.remaining_budget_tokens,
+            "messages": self.messages,
+            "tools_offered": list(self.tools_offered),
+        }
+        reply = self.reply
+        if reply is not None:
+            detail |= {
+                "provider": reply.provider,
+                "model": reply.model,
+                "usage": reply.usage.to_json(),
+                "attempts": [a.to_json() for a in reply.attempts],
+                "finish_reason": reply.finish_reason,
+                "tool_calls": [{"id": c.id, "name": c.name} for c in reply.message.tool_calls],
+                "answer_chars": len(reply.message.content),
+            }
+        if self.rerun is not None:
+            detail["rerun"] = self.rerun
+        return detail
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCallDetail:
+    """A tool call and its result. `result` is kept only for a call that did not
+    fail; `confirmed`/`attempt` for a write carried out after its approval;
+    `reused_prefetch` when a search was answered from the run's prefetch."""
+
+    tool_call_id: str
+    arguments: JSONValue  # the parsed arguments, or the raw JSON when it did not parse
+    truncated: bool
+    result_bytes: int
+    failed: bool
+    result: JSONValue = None
+    labels: tuple[str, ...] = ()
+    source: str = ""
+    transport: str = ""
+    reused_prefetch: bool = False
+    attempt: int | None = None  # set: confirmed, the attempt that carried it out
+
+    def to_json(self) -> dict[str, JSONValue]:
+        detail: dict[str, JSONValue] = {
+            "tool_call_id": self.tool_call_id,
+            "arguments": self.arguments,
+            "truncated": self.truncated,
+            "result_bytes": self.result_bytes,
+        }
+        if not self.failed:
+            detail["result"] = self.result
+        if self.labels:
+            detail["labels"] = list(self.labels)
+        if self.source:
+            detail["source"] = self.source
+            detail["transport"] = self.transport
+        if self.reused_prefetch:
+            detail["reused_prefetch"] = True
+        if self.attempt is not None:
+            detail |= {"confirmed": True, "attempt": self.attempt}
+        return detail
+
+
+@dataclass(frozen=True, slots=True)
+class ConfirmationRequestedDetail:
+    """A write waiting for its person: the store writes its card and expiry into the
+    step (`requested_detail`), so the loop has nothing to add."""
+
+    def to_json(self) -> dict[str, JSONValue]:
+        return {}
+
+
+StepDetail = (
+    MemoryReadDetail
+    | RetrievalDetail
+    | ConversationArchiveDetail
+    | ModelCallDetail
+    | ToolCallDetail
+    | ConfirmationRequestedDetail
+)
+
+
 @dataclass(frozen=True, slots=True)
 class CardDetail:
     label: str

@@ -10,6 +10,7 @@ turn, and after a person resolved a write.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 import structlog
 
@@ -17,8 +18,8 @@ from cairn_orchestrator.approvals import Approvals
 from cairn_orchestrator.cancellation import CancelWatch
 from cairn_orchestrator.domain import (
     ErrorValue,
-    JSONValue,
     LoopState,
+    ModelCallDetail,
     ModelReply,
     ModelRequest,
     Run,
@@ -113,7 +114,8 @@ class TurnDriver:
                 run_id=scope.run.run_id,
                 max_completion_tokens=self._max_completion_tokens,
             )
-            reply, record, failure = await self._call_model(scope, request)
+            called = await self._call_model(scope, request)
+            reply, record, failure = called.reply, called.record, called.failure
             if reply is None:
                 assert failure is not None
                 # A call cut short by the run's own deadline is the budget, not the gateway.
@@ -129,7 +131,9 @@ class TurnDriver:
                     state = refusal.state
                     await self._recorder.record(
                         scope,
-                        replace(record, detail={**record.detail, "rerun": refusal.note}),
+                        replace(
+                            record, detail=replace(called.detail, rerun=refusal.note).to_json()
+                        ),
                         state,
                     )
                     log.info("run.turn_rerun", provider=request.pinned_provider)
@@ -193,9 +197,7 @@ class TurnDriver:
             await self._recorder.record(scope, record, state)
             state = await self._tools.execute(scope, state, decision.calls)
 
-    async def _call_model(
-        self, scope: RunScope, request: ModelRequest
-    ) -> tuple[ModelReply | None, StepRecord, DependencyFailed | None]:
+    async def _call_model(self, scope: RunScope, request: ModelRequest) -> _ModelCalled:
         attributes = {
             "gen_ai.operation.name": "chat",
             "gen_ai.request.max_tokens": request.max_tokens,
@@ -208,13 +210,13 @@ class TurnDriver:
             span_name=f"chat {request.tier}",
             attributes=attributes,
         ) as step:
-            detail: dict[str, JSONValue] = {
-                "tier": request.tier,
-                "max_tokens": request.max_tokens,
-                "remaining_budget_tokens": request.remaining_budget_tokens,
-                "messages": len(request.messages),
-                "tools_offered": [t.name for t in request.tools],
-            }
+            detail = ModelCallDetail(
+                tier=request.tier,
+                max_tokens=request.max_tokens,
+                remaining_budget_tokens=request.remaining_budget_tokens,
+                messages=len(request.messages),
+                tools_offered=tuple(t.name for t in request.tools),
+            )
             try:
                 reply = await self._cancels.unless_cancelled(
                     scope,
@@ -237,7 +239,7 @@ class TurnDriver:
             except DependencyFailed as exc:
                 error = ErrorValue(f"gateway.{exc.status_code.lower()}", exc.message)
                 step.mark(error)
-                return None, step.record(detail, error), exc
+                return _ModelCalled(None, step.record(detail, error), detail, exc)
             step.span.set_attributes(
                 {
                     "gen_ai.provider.name": reply.provider,
@@ -247,14 +249,17 @@ class TurnDriver:
                     "gen_ai.usage.output_tokens": reply.usage.completion_tokens,
                 }
             )
-            detail |= {
-                "provider": reply.provider,
-                "model": reply.model,
-                "usage": reply.usage.to_json(),
-                "attempts": [a.to_json() for a in reply.attempts],
-                "finish_reason": reply.finish_reason,
-                "tool_calls": [{"id": c.id, "name": c.name} for c in reply.message.tool_calls],
-                "answer_chars": len(reply.message.content),
-            }
+            detail = replace(detail, reply=reply)
         # Named for the model that answered, once there is one.
-        return reply, step.record(detail, None, name=reply.model or None), None
+        return _ModelCalled(
+            reply, step.record(detail, None, name=reply.model or None), detail, None
+        )
+
+
+class _ModelCalled(NamedTuple):
+    """A model call's reply (None: refused, with the `failure`) and its step."""
+
+    reply: ModelReply | None
+    record: StepRecord
+    detail: ModelCallDetail
+    failure: DependencyFailed | None

@@ -23,12 +23,12 @@ from cairn_orchestrator.conversation_window import plan_conversation, window_lin
 from cairn_orchestrator.domain import (
     ConversationTurn,
     ErrorValue,
-    JSONValue,
-    KnowledgeChunk,
     LabelBook,
     LabelledChunk,
     LoopState,
+    MemoryReadDetail,
     RecalledMemory,
+    RetrievalDetail,
     StepKind,
     StepRecord,
 )
@@ -123,7 +123,7 @@ class Opening:
             span_name="recall_memory",
             attributes={"gen_ai.operation.name": "recall_memory"},
         ) as step:
-            detail: dict[str, JSONValue] = {"k": k}
+            detail = MemoryReadDetail(k=k)
             memories: tuple[RecalledMemory, ...] = ()
             error: ErrorValue | None = None
             if self._memory is None:
@@ -140,8 +140,8 @@ class Opening:
                     error = ErrorValue(f"memory.{exc.status_code.lower()}", exc.message)
                 else:
                     memories = outcome.memories
-                    detail |= {"mode": outcome.mode, "mode_reason": outcome.mode_reason}
-            detail |= {"count": len(memories), "memory_ids": [m.memory_id for m in memories]}
+                    detail = replace(detail, mode=outcome.mode, mode_reason=outcome.mode_reason)
+            detail = replace(detail, memory_ids=tuple(m.memory_id for m in memories))
             step.mark(error)
         # The prompt's memory block copies these texts about people (I9).
         return replace(step.record(detail, error), copies=memory_copies(memories)), memories
@@ -194,7 +194,7 @@ class Opening:
             span_name="retrieve",
             attributes={"gen_ai.operation.name": "retrieve"},
         ) as step:
-            detail: dict[str, JSONValue] = {"k": k, "sources": list(sources)}
+            detail = RetrievalDetail(k=k, sources=tuple(sources))
             labelled: tuple[LabelledChunk, ...] = ()
             error: ErrorValue | None = None
             if self._retrieval is None:
@@ -221,23 +221,7 @@ class Opening:
                         outcome=outcome,
                     )
                     labelled = tuple(book.label(chunk) for chunk in outcome.results)
-                    detail |= {"mode": outcome.mode, "mode_reason": outcome.mode_reason}
-            detail |= {"count": len(labelled), "results": [_result_detail(e) for e in labelled]}
+                    detail = replace(detail, mode=outcome.mode, mode_reason=outcome.mode_reason)
+            detail = replace(detail, results=labelled)
             step.mark(error)
         return step.record(detail, error), labelled
-
-
-def _result_detail(entry: LabelledChunk) -> dict[str, JSONValue]:
-    chunk: KnowledgeChunk = entry.chunk
-    return {
-        "label": entry.label,
-        "document_id": chunk.document_id,
-        "chunk_id": chunk.chunk_id,
-        "source": chunk.source,
-        "title": chunk.title,
-        "char_start": chunk.char_start,
-        "char_end": chunk.char_end,
-        "bm25_score": chunk.bm25_score,
-        "dense_score": chunk.dense_score,
-        "fused_score": chunk.fused_score,
-    }

@@ -26,10 +26,10 @@ from cairn_libs.telemetry import span_id_hex
 from cairn_orchestrator.domain import (
     Citation,
     ErrorValue,
-    JSONValue,
     LoopState,
     Run,
     RunState,
+    StepDetail,
     StepKind,
     StepRecord,
     StepStart,
@@ -55,7 +55,7 @@ class OpenStep:
 
     def record(
         self,
-        detail: Mapping[str, JSONValue],
+        detail: StepDetail,
         error: ErrorValue | None,
         *,
         kind: StepKind | None = None,
@@ -69,7 +69,7 @@ class OpenStep:
             span_id=span_id_hex(self.span),
             started_at=self.started,
             finished_at=self.clock.now(),
-            detail=detail,
+            detail=detail.to_json(),
             error=error,
         )
 

@@ -104,8 +104,8 @@ class ToolExecution:
             finally:
                 reused_searches.reset(marked)
             step.mark(outcome.error)
-            detail = outcome.detail()
+            detail = outcome.step_detail()
             if reused:
                 step.span.set_attribute("cairn.reused_prefetch", True)
-                detail = {**detail, "reused_prefetch": True}
+                detail = replace(detail, reused_prefetch=True)
         return outcome, replace(step.record(detail, outcome.error), copies=outcome.copies)

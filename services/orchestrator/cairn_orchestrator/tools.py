@@ -43,6 +43,7 @@ from cairn_orchestrator.domain import (
     JSONValue,
     LabelBook,
     LabelledChunk,
+    ToolCallDetail,
     ToolCallRequest,
     ToolDefinition,
     unstorable_at,
@@ -266,23 +267,25 @@ class ToolCallOutcome:
     source: str = ""
     transport: str = ""
 
-    def detail(self) -> dict[str, JSONValue]:
-        detail: dict[str, JSONValue] = {
-            "tool_call_id": self.call.id,
-            "arguments": dict(self.arguments)
+    def step_detail(self) -> ToolCallDetail:
+        """What the call's step says about it."""
+        return ToolCallDetail(
+            tool_call_id=self.call.id,
+            arguments=dict(self.arguments)
             if self.arguments is not None
             else self.call.arguments_json,
-            "truncated": self.truncated,
-            "result_bytes": self.result_bytes,
-        }
-        if self.error is None:
-            detail["result"] = self.content if self.truncated else self.result
-        if self.knowledge:
-            detail["labels"] = [entry.label for entry in self.knowledge]
-        if self.source:
-            detail["source"] = self.source
-            detail["transport"] = self.transport
-        return detail
+            truncated=self.truncated,
+            result_bytes=self.result_bytes,
+            failed=self.error is not None,
+            result=self.content if self.truncated else self.result,
+            labels=tuple(entry.label for entry in self.knowledge),
+            source=self.source,
+            transport=self.transport,
+        )
+
+    def detail(self) -> dict[str, JSONValue]:
+        """The step's detail as stored (a confirmation keeps it as the write's result)."""
+        return self.step_detail().to_json()
 
 
 def refused(call: ToolCallRequest, error: ErrorValue) -> ToolCallOutcome:

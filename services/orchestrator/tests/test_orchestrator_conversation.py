@@ -158,9 +158,9 @@ async def test_compaction_archives_every_large_turn_verbatim_with_the_callers_cr
     assert {b.conversation_id for b in kept.values()} == {"conv-1"}
     assert {b.role for b in kept.values()} == {"user"}
     assert all(creds == CREDENTIALS for _, _, creds in fake.writes)
-    archived = result.detail["archived"]
-    assert [(a["turn"], a["chars"]) for a in archived] == [(0, 1500), (2, 2000)]
-    cited = result.detail["cited_block_ids"]
+    archived = result.detail.archived
+    assert [(a.turn, a.chars) for a in archived] == [(0, 1500), (2, 2000)]
+    cited = result.detail.cited_block_ids
     assert cited and all(any(f"recall:{c}" in line for line in result.lines) for c in cited)
     assert result.error is None
 
@@ -172,10 +172,10 @@ async def test_the_same_long_message_sent_with_the_next_turn_is_not_archived_aga
     first = await compact(archiver, earlier)
     again = await compact(archiver, [*earlier, ConversationTurn("assistant", "ok")])
     assert len(fake.blocks) == 1
-    assert again.detail["archived"][0]["already_archived"] is True
-    assert again.detail["cited_block_ids"] == first.detail["cited_block_ids"]
+    assert again.detail.archived[0].already_archived is True
+    assert again.detail.cited_block_ids == first.detail.cited_block_ids
     other = await compact(archiver, earlier, conversation="conv-2")
-    assert len(fake.blocks) == 2 and other.detail["archived"][0]["already_archived"] is False
+    assert len(fake.blocks) == 2 and other.detail.archived[0].already_archived is False
 
 
 async def test_a_failed_archive_leaves_the_turn_clipped_unreferenced_and_says_why() -> None:
@@ -184,14 +184,14 @@ async def test_a_failed_archive_leaves_the_turn_clipped_unreferenced_and_says_wh
     assert result.error is not None and result.error.code == "memory.unavailable"
     assert "1 of 1 large turns could not be archived" in result.error.message
     assert "not archived" in result.lines[0]
-    assert result.detail["failed_turns"] == [0]
+    assert result.detail.to_json()["failed_turns"] == [0]
 
 
 async def test_without_a_memory_service_large_turns_are_clipped_and_the_record_says_why() -> None:
     result = await compact(ConversationArchiver(None), turns(large("nowhere")))
     assert result.error is None
-    assert "keeps no memories" in result.detail["note"]
-    assert result.detail["cited_block_ids"] == []
+    assert "keeps no memories" in result.detail.to_json()["note"]
+    assert result.detail.to_json()["cited_block_ids"] == []
 
 
 # ---------------------------------------------------------------- in a run
