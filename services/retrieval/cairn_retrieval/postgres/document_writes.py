@@ -351,7 +351,9 @@ class PostgresDocumentWrites:
             try:
                 await conn.execute("SELECT pg_advisory_lock(hashtextextended($1, 0))", lock_key)
             except BaseException:
-                await pool.release(conn)
+                # A lock call cut short (cancelled, timed out) may have been granted
+                # with its answer lost: the session is closed, never pooled holding it.
+                await _discard(pool, conn)
                 raise
         try:
             yield PostgresDocumentSession(conn, org_id, document_id)
@@ -359,9 +361,23 @@ class PostgresDocumentWrites:
             try:
                 await conn.execute("SELECT pg_advisory_unlock(hashtextextended($1, 0))", lock_key)
             except DATABASE_AWAY:
-                # A closed session releases its advisory locks with it.
-                conn.terminate()
-            # Releasing a connection the restart broke must not turn the caller's
-            # answer (already given, or UNAVAILABLE) into INTERNAL.
-            with suppress(*DATABASE_AWAY):
-                await pool.release(conn)
+                await _discard(pool, conn)
+            except BaseException:
+                # An unlock cut short (a cancelled ingest) may not have reached the
+                # server: the pool's reset does not release session locks, so the
+                # session goes, and the lock with it.
+                await _discard(pool, conn)
+                raise
+            else:
+                # Releasing a connection the restart broke must not turn the caller's
+                # answer (already given, or UNAVAILABLE) into INTERNAL.
+                with suppress(*DATABASE_AWAY):
+                    await pool.release(conn)
+
+
+async def _discard(pool: asyncpg.Pool, conn: asyncpg.Connection) -> None:
+    """Close the session (which releases every advisory lock it holds) and give its
+    slot back to the pool."""
+    conn.terminate()
+    with suppress(*DATABASE_AWAY):
+        await pool.release(conn)
