@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,7 +21,7 @@ from cairn_libs.db import Database
 from cairn_libs.errors import InvalidInput
 from cairn_libs.fence import block_body as tool_data
 from cairn_libs.identity import Principal
-from cairn_orchestrator.confirmations import looks_like_token
+from cairn_orchestrator.confirmations import ResolutionRecord, looks_like_token
 from cairn_orchestrator.domain import (
     AgentSpec,
     Budgets,
@@ -75,6 +75,18 @@ async def database(pg_url: str) -> AsyncIterator[Database]:
     await db.close()
 
 
+class CountingRunStore(PostgresRunStore):
+    """The real store, counting the resolutions it answered (a test can wait until
+    every request it sent has been decided)."""
+
+    resolutions = 0
+
+    async def resolve_confirmation(self, **arguments: Any) -> ResolutionRecord:
+        record = await super().resolve_confirmation(**arguments)
+        self.resolutions += 1
+        return record
+
+
 @dataclass
 class Harness:
     """One orchestrator "process": a loop over its own store (its own lease owner)."""
@@ -87,12 +99,17 @@ class Harness:
     clock: FakeClock = field(default_factory=FakeClock)
     written: list[tuple[Mapping[str, Any], str | None]] = field(default_factory=list)
     write_gate: asyncio.Event | None = None
+    # More tools to register, and the names the agent is offered.
+    extra_tools: Sequence[Tool] = ()
+    offered: tuple[str, ...] = ("search_knowledge", "note")
 
     def __post_init__(self) -> None:
-        self.store = PostgresRunStore(self.database, lease_seconds=self.lease_seconds)
+        self.store = CountingRunStore(self.database, lease_seconds=self.lease_seconds)
         self.retrieval = FakeRetrieval(results=[chunk(1)])
         self.registry = ToolRegistry()
         self.registry.register(search_knowledge_tool(self.retrieval))
+        for tool in self.extra_tools:
+            self.registry.register(tool)
 
         async def note(arguments: Mapping[str, Any], context: ToolContext) -> ToolResult:
             self.written.append((arguments, context.confirmation_token))
@@ -131,7 +148,7 @@ class Harness:
             ),
             confirmations=self.store,
         )
-        self.spec = handbook_spec(tools=("search_knowledge", "note"), reads_memory=False)
+        self.spec = handbook_spec(tools=self.offered, reads_memory=False)
         self.orchestrator = Orchestrator(
             catalog=AgentCatalog([self.spec]),
             loop=self.loop,
@@ -186,6 +203,32 @@ async def until(predicate: Callable[[], Awaitable[bool] | bool], *, seconds: flo
 
 def script(harness: Harness, *replies: Any) -> None:
     harness.gateway.replies.extend(replies)
+
+
+async def confirmation_expired(harness: Harness, token: str) -> bool:
+    """Whether the store's clock is past the confirmation's expiry."""
+    async with harness.database.pool.acquire() as conn:
+        expired: bool = await conn.fetchval(
+            "SELECT expires_at <= clock_timestamp() FROM confirmations "
+            "WHERE confirmation_token = $1",
+            token,
+        )
+    return expired
+
+
+async def lease_ran_out(harness: Harness, run_id: str) -> bool:
+    """Whether the store's clock is past the run's lease (no lease: ran out)."""
+    async with harness.database.pool.acquire() as conn:
+        ran_out: bool = await conn.fetchval(
+            "SELECT coalesce(lease_until <= clock_timestamp(), true) FROM runs WHERE run_id = $1",
+            run_id,
+        )
+    return ran_out
+
+
+def token_of(run: Run) -> str:
+    assert run.pending_confirmation is not None
+    return run.pending_confirmation.confirmation_token
 
 
 async def confirmation_state(harness: Harness, token: str) -> str:
@@ -298,7 +341,7 @@ async def test_two_approvals_at_the_same_moment_run_the_write_once_and_both_see_
     first = asyncio.create_task(harness.resolve(run))
     second = asyncio.create_task(harness.resolve(run))
     await until(lambda: bool(harness.written))
-    await asyncio.sleep(0.1)  # both requests are in by now; one holds the run
+    await until(lambda: harness.store.resolutions == 2)  # both decided; one holds the run
     harness.write_gate.set()
     outcomes = await asyncio.gather(first, second)
 
@@ -431,7 +474,7 @@ async def test_an_expired_confirmation_cannot_be_approved_and_its_run_ends_with_
 ) -> None:
     harness = Harness(database, ScriptedGateway([tool_calls(NOTE)]), new_org, ttl_seconds=0.2)
     run = await harness.ask()
-    await asyncio.sleep(0.3)
+    await until(lambda: confirmation_expired(harness, token_of(run)))
     with pytest.raises(ConfirmationClosed, match="expired at .* without a decision"):
         await harness.resolve(run)
     assert harness.written == []
@@ -449,7 +492,7 @@ async def test_the_upkeep_ends_runs_whose_confirmation_expired_unanswered(
 ) -> None:
     harness = Harness(database, ScriptedGateway([tool_calls(NOTE)]), new_org, ttl_seconds=0.2)
     run = await harness.ask()
-    await asyncio.sleep(0.3)
+    await until(lambda: confirmation_expired(harness, token_of(run)))
     await harness.orchestrator.keep_up()
     ended = await harness.orchestrator.get_run(harness.alice.principal, run.run_id)
     assert ended.state is RunState.FAILED and "expired" in ended.reason
@@ -535,7 +578,8 @@ async def _interrupted(
     if stop_when == "after_write":
         a.write_gate.set()
     # What A asks the model after the write never comes back.
-    a.gateway.replies.append(HeldReply())
+    held = HeldReply()
+    a.gateway.replies.append(held)
     approving = asyncio.create_task(a.resolve(run))
     token = run.pending_confirmation.confirmation_token  # type: ignore[union-attr]
     wanted = {"executing": "EXECUTING", "after_write": "EXECUTED"}[stop_when]
@@ -544,11 +588,15 @@ async def _interrupted(
         return await confirmation_state(a, token) == wanted
 
     await until(reached)
-    await asyncio.sleep(0.05)
+    # A got as far as it will: into the write, or into the call after it.
+    if stop_when == "executing":
+        await until(lambda: bool(a.written))
+    else:
+        await asyncio.wait_for(held.started.wait(), 10)
     await _die(a)
     approving.cancel()
     await asyncio.gather(approving, return_exceptions=True)
-    await asyncio.sleep(0.4)  # A's lease runs out
+    await until(lambda: lease_ran_out(a, run.run_id))
     b = Harness(database, ScriptedGateway([answer("Noted.")]), new_org)
     b.written = a.written
     await b.orchestrator.keep_up()
@@ -599,9 +647,10 @@ async def test_a_run_stopped_with_no_approval_in_flight_is_ended_with_the_reason
     a.gateway.replies.append(held)
     asking = asyncio.create_task(a.ask())
     await asyncio.wait_for(held.started.wait(), 10)
+    (run_id,) = a.loop.active_run_ids()
     await _die(a)
     await asyncio.gather(asking, return_exceptions=True)
-    await asyncio.sleep(0.4)
+    await until(lambda: lease_ran_out(a, run_id))
     b = Harness(database, ScriptedGateway([]), new_org)
     await b.orchestrator.keep_up()
     runs = await b.orchestrator.list_runs(b.alice.principal, requested_size=5, page_token="")
@@ -624,7 +673,7 @@ async def test_an_orchestrator_whose_run_was_taken_over_writes_nothing_more(
     asking = asyncio.create_task(a.ask())
     await asyncio.wait_for(held.started.wait(), 10)
     run_id = a.loop.active_run_ids()[0]
-    await asyncio.sleep(0.3)  # A is alive but its lease ran out (no upkeep here)
+    await until(lambda: lease_ran_out(a, run_id))  # A is alive, with no upkeep here
     b = Harness(database, ScriptedGateway([]), new_org)
     await b.orchestrator.keep_up()
     steps_before = await b.store.list_steps(org_id=new_org, run_id=run_id)

@@ -38,7 +38,7 @@ from cairn_orchestrator.memory_tools import (
     update_profile_card,
 )
 from cairn_orchestrator.servicer import run_to_proto
-from cairn_orchestrator.testing import FakeMemory, ScriptedGateway, answer, tool_calls
+from cairn_orchestrator.testing import FakeClock, FakeMemory, ScriptedGateway, answer, tool_calls
 from cairn_orchestrator.tools import ToolContext
 from services.orchestrator.tests.test_orchestrator_confirmations import Harness
 
@@ -231,12 +231,17 @@ def test_the_proto_run_carries_the_language_and_the_cards_language() -> None:
 # ---------------------------------------------------------------- through runs
 
 
-def _with_memory_tools(harness: Harness) -> Harness:
-    for tool in memory_tools(FakeMemory(), clock=harness.clock):
-        harness.registry.register(tool)
-    harness.spec = replace(harness.spec, tools=(*harness.spec.tools, "remember"))
-    harness.orchestrator._catalog = type(harness.orchestrator._catalog)([harness.spec])
-    return harness
+def _with_memory_tools(database: Database, gateway: ScriptedGateway, org: str) -> Harness:
+    """A harness whose agent may also remember (the memory tools registered)."""
+    clock = FakeClock()
+    return Harness(
+        database,
+        gateway,
+        org,
+        clock=clock,
+        extra_tools=tuple(memory_tools(FakeMemory(), clock=clock)),
+        offered=("search_knowledge", "note", "remember"),
+    )
 
 
 async def _ask(harness: Harness, language: str) -> Run:
@@ -254,7 +259,7 @@ async def test_a_run_asked_in_chinese_proposes_chinese_cards_even_after_resuming
     database: Database, new_org: str
 ) -> None:
     first = _with_memory_tools(
-        Harness(database, ScriptedGateway([tool_calls(REMEMBER_TEA, REMEMBER_CAKE)]), new_org)
+        database, ScriptedGateway([tool_calls(REMEMBER_TEA, REMEMBER_CAKE)]), new_org
     )
     run = await _ask(first, "zh-CN")
     assert run.state is RunState.CONFIRMATION_PENDING and run.language == "zh-Hans"
@@ -264,7 +269,7 @@ async def test_a_run_asked_in_chinese_proposes_chinese_cards_even_after_resuming
     assert card.summary == "保存一条关于用户 alice（提问者本人）的记忆：“Prefers green tea.”"
     # Another orchestrator (its own store and lease owner) continues the run: the
     # language comes from the stored run, not from the process that started it.
-    second = _with_memory_tools(Harness(database, ScriptedGateway([answer("好的。")]), new_org))
+    second = _with_memory_tools(database, ScriptedGateway([answer("好的。")]), new_org)
     again = await second.resolve(run)
     assert again.state is RunState.CONFIRMATION_PENDING and again.language == "zh-Hans"
     assert again.pending_confirmation is not None
@@ -279,9 +284,7 @@ async def test_a_run_asked_in_chinese_proposes_chinese_cards_even_after_resuming
 async def test_a_run_asked_in_a_language_without_card_text_shows_english_marked_as_fallback(
     database: Database, new_org: str
 ) -> None:
-    harness = _with_memory_tools(
-        Harness(database, ScriptedGateway([tool_calls(REMEMBER_TEA)]), new_org)
-    )
+    harness = _with_memory_tools(database, ScriptedGateway([tool_calls(REMEMBER_TEA)]), new_org)
     run = await _ask(harness, "fr-FR")
     assert run.language == "en" and run.language_fallback
     assert run.pending_confirmation is not None
@@ -306,9 +309,7 @@ async def test_a_tool_whose_card_has_no_chinese_text_is_marked_as_a_fallback_in_
 async def test_an_english_run_has_english_cards_that_are_not_a_fallback(
     database: Database, new_org: str
 ) -> None:
-    harness = _with_memory_tools(
-        Harness(database, ScriptedGateway([tool_calls(REMEMBER_TEA)]), new_org)
-    )
+    harness = _with_memory_tools(database, ScriptedGateway([tool_calls(REMEMBER_TEA)]), new_org)
     run = await _ask(harness, "")
     assert run.language == "en" and not run.language_fallback
     assert run.pending_confirmation is not None
