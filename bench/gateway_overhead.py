@@ -378,6 +378,12 @@ async def run_gateway_overhead(*, quick: bool = False) -> list[Figure]:
             "ms",
             {**gated_params, "target_at_most": 1.0},
         ),
+        Figure(
+            "gateway.gated.over_plain_gateway.p50",
+            p("gated", "sequential", 50) - p("gateway", "sequential", 50),
+            "ms",
+            gated_params,
+        ),
         Figure("gateway.gated.p99", p("gated", "sequential", 99), "ms", gated_params),
         Figure(
             "gateway.gated.added.p99",

@@ -1,25 +1,25 @@
 """Run reservations, provider ceilings and provider cooldowns in PostgreSQL,
 shared by all replicas.
 
-Each check-and-take runs in one short transaction under an advisory lock on the
-run or the provider, so two gateways cannot both read "room for one more" and
-both send. Time is PostgreSQL's clock, not the replica's, so replicas with skewed
+Each check-and-take is one call of a function (migration 0003) that holds an
+advisory lock on the run or the provider to the end of its statement, so two
+gateways cannot both read "room for one more" and both send, and a call pays one
+round trip for it, not a transaction of several. Time is PostgreSQL's clock, not the replica's, so replicas with skewed
 clocks still count into the same buckets. The decisions themselves
 (`check_run_budget`, `check_ceiling`) are the pure functions in domain.py.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import asyncpg
 
 from cairn_gateway.config import ProviderConfig
 from cairn_gateway.domain import (
+    CEILING_BUCKET_SECONDS,
+    CEILING_SEND_ALLOWANCE_SECONDS,
+    CEILING_WINDOW_SECONDS,
     ChatRequest,
     CooldownCause,
-    ceiling_bucket,
-    ceiling_window_floor,
     check_ceiling,
     check_run_budget,
 )
@@ -57,44 +57,34 @@ class PostgresLedger:
             check_run_budget(request)
             return None
         # Fail fast without touching the database when the call alone cannot fit.
-        check_run_budget(request)
+        needed = check_run_budget(request)
         try:
-            async with self._db.pool.acquire() as conn, conn.transaction():
-                await conn.execute(
-                    "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+            async with self._db.pool.acquire() as conn:
+                row = await conn.fetchrow(
+                    "SELECT reservation_id, in_flight FROM reserve_run_tokens($1, $2, $3, $4, $5, $6)",
                     f"gateway-run:{org_id}:{request.run_id}",
-                )
-                in_flight = await conn.fetchval(
-                    "SELECT COALESCE(SUM(tokens), 0) FROM run_reservations "
-                    "WHERE org_id = $1 AND run_id = $2 AND expires_at > now()",
-                    org_id,
-                    request.run_id,
-                )
-                needed = check_run_budget(request, reserved_in_flight=int(in_flight))
-                reservation: str = await conn.fetchval(
-                    "INSERT INTO run_reservations (org_id, run_id, tokens, expires_at) "
-                    "VALUES ($1, $2, $3, now() + make_interval(secs => $4)) "
-                    "RETURNING reservation_id::text",
                     org_id,
                     request.run_id,
                     needed,
+                    request.remaining_budget_tokens,
                     float(RESERVATION_TTL_SECONDS),
                 )
-                return reservation
         except _DB_ERRORS as exc:
             raise LedgerUnavailable(
                 f"cannot reserve run {request.run_id!r}'s budget: the gateway database "
                 f"is unreachable ({type(exc).__name__})"
             ) from exc
+        # Refused under the lock: the pure check words it with what was in flight.
+        check_run_budget(request, reserved_in_flight=int(row["in_flight"]))
+        reservation: str | None = row["reservation_id"]
+        if reservation is None:
+            raise AssertionError("the ledger refused a reservation check_run_budget allows")
+        return reservation
 
     async def release_run(self, reservation_id: str) -> None:
         try:
             async with self._db.pool.acquire() as conn:
-                await conn.execute(
-                    "DELETE FROM run_reservations WHERE reservation_id = $1::uuid "
-                    "OR expires_at < now()",
-                    reservation_id,
-                )
+                await conn.execute("SELECT release_run_tokens($1::uuid)", reservation_id)
         except _DB_ERRORS:
             # The row expires on its own; the call itself has already completed.
             return
@@ -103,44 +93,19 @@ class PostgresLedger:
         if not provider.has_ceiling:
             return None
         try:
-            async with self._db.pool.acquire() as conn, conn.transaction():
-                await conn.execute(
-                    "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-                    f"gateway-ceiling:{provider.name}",
-                )
-                # clock_timestamp(), not now(): now() is when the transaction began,
-                # before the wait for the lock, and would date the grant too early.
-                now: datetime = await conn.fetchval("SELECT clock_timestamp()")
-                epoch = now.timestamp()
+            async with self._db.pool.acquire() as conn:
                 row = await conn.fetchrow(
-                    "SELECT COALESCE(SUM(tokens), 0) AS tokens, COALESCE(SUM(requests), 0) AS requests "
-                    "FROM ceiling_usage WHERE provider = $1 AND window_start >= $2",
+                    "SELECT epoch_seconds, used_tokens, used_requests, bucket_start, granted "
+                    "FROM take_ceiling($1, $2, $3, $4, $5, $6, $7, $8)",
+                    f"gateway-ceiling:{provider.name}",
                     provider.name,
-                    _at(ceiling_window_floor(epoch)),
+                    tokens,
+                    provider.tokens_per_minute,
+                    provider.requests_per_minute,
+                    CEILING_BUCKET_SECONDS,
+                    CEILING_WINDOW_SECONDS + CEILING_SEND_ALLOWANCE_SECONDS,
+                    CEILING_RETENTION_SECONDS,
                 )
-                check = check_ceiling(
-                    provider=provider,
-                    tokens=tokens,
-                    used_tokens=int(row["tokens"]),
-                    used_requests=int(row["requests"]),
-                    epoch_seconds=epoch,
-                )
-                bucket = ceiling_bucket(epoch)
-                if check.granted:
-                    await conn.execute(
-                        "INSERT INTO ceiling_usage (provider, window_start, tokens, requests) "
-                        "VALUES ($1, $2, $3, 1) ON CONFLICT (provider, window_start) DO UPDATE "
-                        "SET tokens = ceiling_usage.tokens + EXCLUDED.tokens, "
-                        "requests = ceiling_usage.requests + 1",
-                        provider.name,
-                        _at(bucket),
-                        tokens,
-                    )
-                    await conn.execute(
-                        "DELETE FROM ceiling_usage WHERE provider = $1 AND window_start < $2",
-                        provider.name,
-                        _at(epoch - CEILING_RETENTION_SECONDS),
-                    )
         except _DB_ERRORS as exc:
             # Fail closed: a ceiling that cannot be checked is not a ceiling.
             return CeilingGrant(
@@ -150,13 +115,22 @@ class PostgresLedger:
                 granted=False,
                 detail=f"ceiling state unreachable ({type(exc).__name__}); not sent",
             )
+        granted = bool(row["granted"])
+        # The grant is what was written under the lock; the words are the pure check's.
+        check = check_ceiling(
+            provider=provider,
+            tokens=tokens,
+            used_tokens=int(row["used_tokens"]),
+            used_requests=int(row["used_requests"]),
+            epoch_seconds=float(row["epoch_seconds"]),
+        )
         return CeilingGrant(
             provider=provider.name,
-            bucket_start=bucket,
-            tokens=tokens if check.granted else 0,
-            granted=check.granted,
-            detail=check.detail,
-            retry_after_seconds=check.retry_after_seconds,
+            bucket_start=int(row["bucket_start"]),
+            tokens=tokens if granted else 0,
+            granted=granted,
+            detail="" if granted else check.detail,
+            retry_after_seconds=None if granted else check.retry_after_seconds,
         )
 
     async def settle_ceiling(self, grant: CeilingGrant, used_tokens: int) -> None:
@@ -165,10 +139,9 @@ class PostgresLedger:
         try:
             async with self._db.pool.acquire() as conn:
                 await conn.execute(
-                    "UPDATE ceiling_usage SET tokens = GREATEST(tokens + $3, 0) "
-                    "WHERE provider = $1 AND window_start = $2",
+                    "SELECT settle_ceiling($1, $2, $3)",
                     grant.provider,
-                    _at(grant.bucket_start),
+                    grant.bucket_start,
                     used_tokens - grant.tokens,
                 )
         except _DB_ERRORS:
@@ -230,7 +203,3 @@ class PostgresCooldowns:
             )
             for row in rows
         ]
-
-
-def _at(epoch_seconds: float) -> datetime:
-    return datetime.fromtimestamp(epoch_seconds, UTC)

@@ -107,6 +107,24 @@ async def test_two_replicas_together_stay_under_one_tokens_per_minute_ceiling(
     assert all(g.retry_after_seconds is not None for g in refused)
 
 
+async def test_a_call_that_exactly_fills_the_ceiling_is_granted_and_one_token_more_is_not(
+    replicas: tuple[PostgresLedger, PostgresLedger],
+) -> None:
+    provider = limited(f"ceiling-{uuid.uuid4().hex[:8]}", tpm=1000, rpm=3)
+
+    too_big = await replicas[0].take_ceiling(provider, 1001)
+    first = await replicas[0].take_ceiling(provider, 400)
+    filling = await replicas[1].take_ceiling(provider, 600)
+    over = await replicas[0].take_ceiling(provider, 1)
+
+    assert too_big is not None and not too_big.granted and too_big.retry_after_seconds is None
+    assert "one call of 1001 tokens exceeds the ceiling of 1000" in too_big.detail
+    assert first is not None and first.granted and first.tokens == 400
+    assert filling is not None and filling.granted and filling.detail == ""
+    assert over is not None and not over.granted and over.retry_after_seconds is not None
+    assert over.detail == "1000 of 1000 tokens/minute used; 1 more would pass the ceiling"
+
+
 async def test_settling_with_the_real_usage_gives_the_difference_back(
     replicas: tuple[PostgresLedger, PostgresLedger],
 ) -> None:
