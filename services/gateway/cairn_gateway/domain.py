@@ -10,7 +10,6 @@ a table; retries and cooldowns build on them in `resilience.py`, and the loop in
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -29,15 +28,13 @@ from cairn_gateway.errors import (
     RunBudgetExceeded,
     StreamCut,
 )
+from cairn_libs.token_estimate import tokens_for_chars
 
 Role = Literal["system", "user", "assistant", "tool"]
 ReasoningEffort = Literal["low", "medium", "high"]
 
 DEFAULT_TIER: Tier = "balanced"
 DEFAULT_MAX_TOKENS = 1024
-# Characters per token for estimates made before a provider has counted: close
-# enough for English and JSON, and erring high for code.
-CHARS_PER_TOKEN = 4
 # A provider that says 429 without Retry-After: the caller still gets a delay.
 DEFAULT_RETRY_AFTER_SECONDS = 1.0
 
@@ -280,7 +277,8 @@ def list_models(providers: Sequence[ProviderConfig]) -> list[ModelListing]:
 def estimate_prompt_tokens(
     messages: Sequence[ChatMessage], tools: Sequence[ToolDefinition] = ()
 ) -> int:
-    """Characters / 4 over everything the provider will read, tool schemas included."""
+    """The shared characters/4 estimate (cairn_libs.token_estimate) over everything
+    the provider will read, tool schemas included."""
     chars = 0
     for message in messages:
         chars += len(message.content) + len(message.name)
@@ -288,7 +286,7 @@ def estimate_prompt_tokens(
             chars += len(call.name) + len(call.arguments_json)
     for tool in tools:
         chars += len(tool.name) + len(tool.description) + len(repr(tool.parameters))
-    return math.ceil(chars / CHARS_PER_TOKEN)
+    return tokens_for_chars(chars)
 
 
 def tokens_needed(request: ChatRequest) -> int:

@@ -31,6 +31,7 @@ from cairn_gateway.domain import (
 )
 from cairn_gateway.errors import ChatRequestInvalid, NoUsableProvider, RunBudgetExceeded
 from cairn_gateway.instrumentation import request_attributes, result_attributes, span_name
+from cairn_libs.token_estimate import estimate_tokens
 
 
 def provider(name: str, **models: str) -> ProviderConfig:
@@ -128,6 +129,18 @@ def test_prompt_tokens_are_estimated_at_four_characters_each_including_tool_call
     ]
 
     assert estimate_prompt_tokens(messages) == 5  # ceil(20 / 4)
+
+
+@given(st.lists(st.text(max_size=40), max_size=6), st.text(max_size=20))
+@settings(max_examples=60)
+def test_the_prompt_estimate_is_the_shared_estimate_of_everything_the_provider_reads(
+    contents: list[str], arguments: str
+) -> None:
+    messages = [ChatMessage("user", c) for c in contents]
+    messages.append(ChatMessage("assistant", "", tool_calls=(ToolCall("id", "f", arguments),)))
+    read = "".join(contents) + "f" + arguments
+
+    assert estimate_prompt_tokens(messages) == estimate_tokens(read)
 
 
 def test_a_call_that_fits_the_budget_passes_and_one_that_does_not_is_refused() -> None:
