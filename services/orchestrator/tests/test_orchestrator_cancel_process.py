@@ -51,7 +51,7 @@ class TwoOrchestrators:
 
 
 @pytest.fixture(scope="module")
-def pair(
+def two_orchestrators(
     service_env: dict[str, str], pg_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[TwoOrchestrators]:
     base = tmp_path_factory.mktemp("orchestrator-cancel")
@@ -90,8 +90,8 @@ def pair(
 
 
 @pytest.fixture(autouse=True)
-def fresh_script(pair: TwoOrchestrators) -> None:
-    control(pair.model_url, "reset", {})
+def fresh_script(two_orchestrators: TwoOrchestrators) -> None:
+    control(two_orchestrators.model_url, "reset", {})
 
 
 @pytest.fixture
@@ -146,68 +146,74 @@ def _runs(address: str, token: str, state: int) -> list[pb.Run]:
 
 
 def test_a_run_held_in_a_model_call_on_one_orchestrator_is_cancelled_through_the_other(
-    pair: TwoOrchestrators, alice: str
+    two_orchestrators: TwoOrchestrators, alice: str
 ) -> None:
     # Held far longer than StartRun waits: only a cancelled call lets it answer in time.
-    script(pair.model_url, {"action": "hang", "seconds": 120})
+    script(two_orchestrators.model_url, {"action": "hang", "seconds": 120})
     with ThreadPoolExecutor(max_workers=1) as pool:
-        asking = pool.submit(_start, pair.first.address, alice, f"Hold on ({uuid.uuid4().hex[:6]})")
-        (running,) = wait_until(
-            lambda: _runs(pair.second.address, alice, pb.RUN_STATE_RUNNING), timeout=30
+        asking = pool.submit(
+            _start, two_orchestrators.first.address, alice, f"Hold on ({uuid.uuid4().hex[:6]})"
         )
-        cancelled = _cancel(pair.second.address, alice, running.run_id, "taking too long")
+        (running,) = wait_until(
+            lambda: _runs(two_orchestrators.second.address, alice, pb.RUN_STATE_RUNNING), timeout=30
+        )
+        cancelled = _cancel(
+            two_orchestrators.second.address, alice, running.run_id, "taking too long"
+        )
         assert cancelled.state == pb.RUN_STATE_CANCELLED and cancelled.cancelled_by == "alice"
         answered = asking.result(timeout=35)
 
     assert answered.run_id == running.run_id
     assert answered.state == pb.RUN_STATE_CANCELLED
     assert answered.reason == "cancelled by alice: taking too long"
-    steps = trajectory(pair.second.address, alice, running.run_id)
+    steps = trajectory(two_orchestrators.second.address, alice, running.run_id)
     assert steps[-1].kind == pb.STEP_KIND_MODEL_CALL and steps[-1].error.code == "run.cancelled"
     with pytest.raises(grpc.RpcError) as refused:
-        _cancel(pair.first.address, alice, running.run_id)
+        _cancel(two_orchestrators.first.address, alice, running.run_id)
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "has already ended (CANCELLED)" in (refused.value.details() or "")
 
 
 def test_a_chinese_card_cancelled_through_one_orchestrator_cannot_be_approved_on_the_other(
-    pair: TwoOrchestrators, alice: str, new_org: str
+    two_orchestrators: TwoOrchestrators, alice: str, new_org: str
 ) -> None:
     script(
-        pair.model_url,
+        two_orchestrators.model_url,
         {"action": "tool_call", "name": "append_note", "arguments": {"text": "买牛奶"}},
     )
-    run = _start(pair.first.address, alice, f"记一下 ({uuid.uuid4().hex[:6]})", language="zh-CN")
+    run = _start(
+        two_orchestrators.first.address, alice, f"记一下 ({uuid.uuid4().hex[:6]})", language="zh-CN"
+    )
     assert run.state == pb.RUN_STATE_CONFIRMATION_PENDING and run.language == "zh-Hans"
     card = run.pending_confirmation.card
     assert card.summary == "在测试记录中追加一条笔记" and card.language == "zh-Hans"
     assert not card.language_fallback
-    shown = get_run(pair.second.address, alice, run.run_id)
+    shown = get_run(two_orchestrators.second.address, alice, run.run_id)
     assert shown.pending_confirmation.card.summary == card.summary
 
-    _cancel(pair.second.address, alice, run.run_id, "不用了")
+    _cancel(two_orchestrators.second.address, alice, run.run_id, "不用了")
     with pytest.raises(grpc.RpcError) as refused:
-        resolve(pair.first.address, alice, run.pending_confirmation.confirmation_token)
+        resolve(two_orchestrators.first.address, alice, run.pending_confirmation.confirmation_token)
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "can no longer be approved; its write did not run" in (refused.value.details() or "")
-    assert notes(pair.pg_url, new_org) == []
-    ended = get_run(pair.first.address, alice, run.run_id)
+    assert notes(two_orchestrators.pg_url, new_org) == []
+    ended = get_run(two_orchestrators.first.address, alice, run.run_id)
     assert ended.state == pb.RUN_STATE_CANCELLED and ended.reason.startswith(
         "cancelled by alice: 不用了"
     )
-    cancel_step = trajectory(pair.first.address, alice, run.run_id)[-1]
+    cancel_step = trajectory(two_orchestrators.first.address, alice, run.run_id)[-1]
     assert (
         detail(cancel_step)["decision"] == "CANCELLED" and detail(cancel_step)["write"] == "not_run"
     )
 
 
 def test_start_run_asked_to_return_when_started_answers_running_and_the_run_goes_on(
-    pair: TwoOrchestrators, alice: str
+    two_orchestrators: TwoOrchestrators, alice: str
 ) -> None:
     # The model holds its call far longer than StartRun is given: only an answer
     # given once the run exists comes back in time.
-    script(pair.model_url, {"action": "hang", "seconds": 120})
-    with grpc.insecure_channel(pair.first.address) as channel:
+    script(two_orchestrators.model_url, {"action": "hang", "seconds": 120})
+    with grpc.insecure_channel(two_orchestrators.first.address) as channel:
         started = (
             _stub(channel)
             .StartRun(
@@ -225,17 +231,22 @@ def test_start_run_asked_to_return_when_started_answers_running_and_the_run_goes
 
     # The run goes on after the answer: its model call is in flight, seen through
     # the other orchestrator, and the stream there follows it to its end.
-    assert get_run(pair.second.address, alice, started.run_id).state == pb.RUN_STATE_RUNNING
-    with grpc.insecure_channel(pair.second.address) as channel:
+    assert (
+        get_run(two_orchestrators.second.address, alice, started.run_id).state
+        == pb.RUN_STATE_RUNNING
+    )
+    with grpc.insecure_channel(two_orchestrators.second.address) as channel:
         events = _stub(channel).StreamRun(
             pb.StreamRunRequest(run_id=started.run_id), metadata=call_metadata(alice), timeout=40
         )
-        _cancel(pair.second.address, alice, started.run_id, "seen enough")
+        _cancel(two_orchestrators.second.address, alice, started.run_id, "seen enough")
         seen = list(events)
     assert seen, "the stream ended without an event"
     last = seen[-1]
     assert last.kind == pb.RUN_EVENT_KIND_RUN_FINISHED
     assert last.run.state == pb.RUN_STATE_CANCELLED
     # The working orchestrator hears of the cancel and records the cut-short call.
-    steps = wait_until(lambda: trajectory(pair.first.address, alice, started.run_id), timeout=10)
+    steps = wait_until(
+        lambda: trajectory(two_orchestrators.first.address, alice, started.run_id), timeout=10
+    )
     assert steps[-1].kind == pb.STEP_KIND_MODEL_CALL and steps[-1].error.code == "run.cancelled"

@@ -66,7 +66,7 @@ providers:
 
 
 @pytest.fixture(scope="module")
-def failover(
+def failover_stack(
     service_env: dict[str, str], pg_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[FailoverStack]:
     base = tmp_path_factory.mktemp("orchestrator-failover")
@@ -109,29 +109,29 @@ def failover(
 
 
 @pytest.fixture(autouse=True)
-def fresh_scripts(failover: FailoverStack) -> None:
-    for url in (failover.first, failover.second):
+def fresh_scripts(failover_stack: FailoverStack) -> None:
+    for url in (failover_stack.first, failover_stack.second):
         control(url, "reset", {})
 
 
 def test_a_rate_limit_after_tools_reruns_the_turn_from_the_question_on_the_next_provider(
-    failover: FailoverStack, issuer: TokenIssuer, new_org: str
+    failover_stack: FailoverStack, issuer: TokenIssuer, new_org: str
 ) -> None:
     alice = issuer.caller_token(org_id=new_org, user_id="alice")
     asked = f"What do the notes say about tea? ({uuid.uuid4().hex[:8]})"
     script(
-        failover.first,
+        failover_stack.first,
         {"action": "tool_call", "name": "search_knowledge", "arguments": {"query": "tea"}},
         {"action": "status", "status": 429},
         {"action": "status", "status": 429},
     )
-    script(failover.second, {"action": "answer", "content": "Nothing about tea, sorry."})
+    script(failover_stack.second, {"action": "answer", "content": "Nothing about tea, sorry."})
 
-    run = start_run(failover.orchestrator.address, alice, "scribe", asked)
+    run = start_run(failover_stack.orchestrator.address, alice, "scribe", asked)
 
     assert run.state == pb.RUN_STATE_COMPLETED, run.reason
     assert run.answer == "Nothing about tea, sorry."
-    steps = trajectory(failover.orchestrator.address, alice, run.run_id)
+    steps = trajectory(failover_stack.orchestrator.address, alice, run.run_id)
     assert kinds(steps) == ["MODEL_CALL", "TOOL_CALL", "MODEL_CALL", "MODEL_CALL"]
     refused, rerun = steps[2], steps[3]
     assert refused.error.code == "gateway.resource_exhausted"
@@ -139,34 +139,34 @@ def test_a_rate_limit_after_tools_reruns_the_turn_from_the_question_on_the_next_
     assert detail(rerun)["provider"] == "second"
     assert [a["provider"] for a in detail(rerun)["attempts"]] == ["first", "second"]
     # The second provider was sent the question, not the first provider's tool history.
-    (sent,) = chat_requests(failover.second, containing=asked)
+    (sent,) = chat_requests(failover_stack.second, containing=asked)
     assert tool_messages(sent) == [] and [m["role"] for m in sent] == ["system", "user"]
-    assert len(chat_requests(failover.first, containing=asked)) == 3
+    assert len(chat_requests(failover_stack.first, containing=asked)) == 3
 
 
 def test_a_run_that_carried_a_confirmation_is_never_replayed_on_another_provider(
-    failover: FailoverStack, issuer: TokenIssuer, new_org: str
+    failover_stack: FailoverStack, issuer: TokenIssuer, new_org: str
 ) -> None:
     alice = issuer.caller_token(org_id=new_org, user_id="alice")
     asked = f"Please note that I like tea ({uuid.uuid4().hex[:8]})."
     script(
-        failover.first,
+        failover_stack.first,
         {"action": "tool_call", "name": "append_note", "arguments": {"text": "likes tea"}},
         {"action": "status", "status": 429},
     )
-    run = start_run(failover.orchestrator.address, alice, "scribe", asked)
+    run = start_run(failover_stack.orchestrator.address, alice, "scribe", asked)
     assert run.state == pb.RUN_STATE_CONFIRMATION_PENDING
 
     done = resolve(
-        failover.orchestrator.address, alice, run.pending_confirmation.confirmation_token
+        failover_stack.orchestrator.address, alice, run.pending_confirmation.confirmation_token
     )
 
     assert done.state == pb.RUN_STATE_FAILED
     assert "carried a confirmed write" in done.reason and "not replayed" in done.reason
-    assert notes(failover.pg_url, new_org) == [("likes tea", 1)]
-    assert chat_requests(failover.second, containing=asked) == []
-    assert len(chat_requests(failover.first, containing=asked)) == 2
-    steps = trajectory(failover.orchestrator.address, alice, run.run_id)
+    assert notes(failover_stack.pg_url, new_org) == [("likes tea", 1)]
+    assert chat_requests(failover_stack.second, containing=asked) == []
+    assert len(chat_requests(failover_stack.first, containing=asked)) == 2
+    steps = trajectory(failover_stack.orchestrator.address, alice, run.run_id)
     assert kinds(steps)[-1] == "MODEL_CALL" and steps[-1].error.code == (
         "gateway.resource_exhausted"
     )

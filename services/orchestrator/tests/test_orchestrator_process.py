@@ -178,7 +178,7 @@ def _orchestrator(
 
 
 @pytest.fixture(scope="module")
-def isolated(
+def orchestrator_without_dependencies(
     service_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServiceProcess]:
     """Gateway, retrieval and memory addresses all point at closed ports."""
@@ -193,7 +193,7 @@ def isolated(
 
 
 @pytest.fixture(scope="module")
-def connected(
+def orchestrator_with_stand_ins(
     service_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory, stand_ins: StandIns
 ) -> Iterator[ServiceProcess]:
     yield from _orchestrator(
@@ -207,7 +207,7 @@ def connected(
 
 
 @pytest.fixture(scope="module")
-def memoryless(
+def orchestrator_without_memory(
     service_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory, stand_ins: StandIns
 ) -> Iterator[ServiceProcess]:
     yield from _orchestrator(
@@ -255,11 +255,14 @@ def ask(
 
 
 def test_list_agents_serves_the_handbook_spec(
-    isolated: ServiceProcess, stub_for: Any, issuer: TokenIssuer, new_org: str
+    orchestrator_without_dependencies: ServiceProcess,
+    stub_for: Any,
+    issuer: TokenIssuer,
+    new_org: str,
 ) -> None:
     token = issuer.caller_token(org_id=new_org, user_id="alice")
     agents = (
-        stub_for(isolated)
+        stub_for(orchestrator_without_dependencies)
         .ListAgents(pb.ListAgentsRequest(), metadata=call_metadata(token), timeout=10)
         .agents
     )
@@ -275,9 +278,13 @@ def test_list_agents_serves_the_handbook_spec(
 
 
 def test_callers_without_a_valid_token_are_refused_before_any_run_is_written(
-    isolated: ServiceProcess, stub_for: Any, issuer: TokenIssuer, new_org: str, tmp_path: Path
+    orchestrator_without_dependencies: ServiceProcess,
+    stub_for: Any,
+    issuer: TokenIssuer,
+    new_org: str,
+    tmp_path: Path,
 ) -> None:
-    stub = stub_for(isolated)
+    stub = stub_for(orchestrator_without_dependencies)
     forger = TokenIssuer.from_file(generate_dev_keypair(tmp_path / "other-keys")[0])
     expired = issuer.caller_token(org_id=new_org, user_id="alice", ttl_seconds=1, now=1_000_000)
     for metadata in [
@@ -298,19 +305,25 @@ def test_callers_without_a_valid_token_are_refused_before_any_run_is_written(
 
 
 def test_an_unknown_agent_is_invalid_argument_naming_the_known_ones(
-    isolated: ServiceProcess, stub_for: Any, issuer: TokenIssuer, new_org: str
+    orchestrator_without_dependencies: ServiceProcess,
+    stub_for: Any,
+    issuer: TokenIssuer,
+    new_org: str,
 ) -> None:
     token = issuer.caller_token(org_id=new_org, user_id="alice")
     with pytest.raises(grpc.RpcError) as refused:
-        ask(stub_for(isolated), token, agent="helpdesk")
+        ask(stub_for(orchestrator_without_dependencies), token, agent="helpdesk")
     assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "'helpdesk'" in refused.value.details() and "'handbook'" in refused.value.details()
 
 
 def test_with_every_dependency_down_the_run_fails_with_the_reason_and_records_each_gap(
-    isolated: ServiceProcess, stub_for: Any, issuer: TokenIssuer, new_org: str
+    orchestrator_without_dependencies: ServiceProcess,
+    stub_for: Any,
+    issuer: TokenIssuer,
+    new_org: str,
 ) -> None:
-    stub = stub_for(isolated)
+    stub = stub_for(orchestrator_without_dependencies)
     token = issuer.caller_token(org_id=new_org, user_id="alice")
     run = ask(stub, token)
     assert run.state == pb.RUN_STATE_FAILED
@@ -340,9 +353,12 @@ def test_with_every_dependency_down_the_run_fails_with_the_reason_and_records_ea
 
 
 def test_someone_elses_run_and_a_missing_run_get_the_same_denial(
-    isolated: ServiceProcess, stub_for: Any, issuer: TokenIssuer, new_org: str
+    orchestrator_without_dependencies: ServiceProcess,
+    stub_for: Any,
+    issuer: TokenIssuer,
+    new_org: str,
 ) -> None:
-    stub = stub_for(isolated)
+    stub = stub_for(orchestrator_without_dependencies)
     alice = issuer.caller_token(org_id=new_org, user_id="alice")
     run = ask(stub, alice)
     bob = issuer.caller_token(org_id=new_org, user_id="bob")
@@ -374,9 +390,12 @@ def test_someone_elses_run_and_a_missing_run_get_the_same_denial(
 
 
 def test_list_runs_shows_a_caller_their_own_runs_newest_first_page_by_page(
-    isolated: ServiceProcess, stub_for: Any, issuer: TokenIssuer, new_org: str
+    orchestrator_without_dependencies: ServiceProcess,
+    stub_for: Any,
+    issuer: TokenIssuer,
+    new_org: str,
 ) -> None:
-    stub = stub_for(isolated)
+    stub = stub_for(orchestrator_without_dependencies)
     alice = issuer.caller_token(org_id=new_org, user_id="alice")
     bob = issuer.caller_token(org_id=new_org, user_id="bob")
     mine = [ask(stub, alice, question=f"q{i}").run_id for i in range(3)]
@@ -397,14 +416,14 @@ def test_list_runs_shows_a_caller_their_own_runs_newest_first_page_by_page(
 
 
 def test_a_run_answers_over_real_grpc_with_the_callers_own_token_reaching_every_service(
-    connected: ServiceProcess,
+    orchestrator_with_stand_ins: ServiceProcess,
     stand_ins: StandIns,
     stub_for: Any,
     issuer: TokenIssuer,
     new_org: str,
     dev_keys: tuple[Path, Path],
 ) -> None:
-    stub = stub_for(connected)
+    stub = stub_for(orchestrator_with_stand_ins)
     token = issuer.caller_token(org_id=new_org, user_id="alice", roles=["employee"])
     before = {
         name: len(getattr(stand_ins, name).received.requests)
@@ -470,9 +489,9 @@ def test_a_run_answers_over_real_grpc_with_the_callers_own_token_reaching_every_
 
 
 def test_stream_run_replays_the_steps_then_the_answer_and_the_finished_run(
-    connected: ServiceProcess, stub_for: Any, issuer: TokenIssuer, new_org: str
+    orchestrator_with_stand_ins: ServiceProcess, stub_for: Any, issuer: TokenIssuer, new_org: str
 ) -> None:
-    stub = stub_for(connected)
+    stub = stub_for(orchestrator_with_stand_ins)
     token = issuer.caller_token(org_id=new_org, user_id="alice")
     run = ask(stub, token)
     events = list(
@@ -488,9 +507,9 @@ def test_stream_run_replays_the_steps_then_the_answer_and_the_finished_run(
 
 
 def test_a_confirmation_token_nobody_issued_reads_as_the_one_denial(
-    connected: ServiceProcess, stub_for: Any, issuer: TokenIssuer, new_org: str
+    orchestrator_with_stand_ins: ServiceProcess, stub_for: Any, issuer: TokenIssuer, new_org: str
 ) -> None:
-    stub = stub_for(connected)
+    stub = stub_for(orchestrator_with_stand_ins)
     token = issuer.caller_token(org_id=new_org, user_id="alice")
     assert (
         list(
@@ -516,9 +535,9 @@ def test_a_confirmation_token_nobody_issued_reads_as_the_one_denial(
 
 
 def test_a_deployment_that_keeps_no_memories_says_so_in_the_trajectory_and_still_answers(
-    memoryless: ServiceProcess, stub_for: Any, issuer: TokenIssuer, new_org: str
+    orchestrator_without_memory: ServiceProcess, stub_for: Any, issuer: TokenIssuer, new_org: str
 ) -> None:
-    stub = stub_for(memoryless)
+    stub = stub_for(orchestrator_without_memory)
     token = issuer.caller_token(org_id=new_org, user_id="alice")
     run = ask(stub, token)
     assert run.state == pb.RUN_STATE_COMPLETED

@@ -86,7 +86,7 @@ class Served:
 
 
 @pytest.fixture
-async def served() -> AsyncIterator[Served]:
+async def retrieval_stand_in() -> AsyncIterator[Served]:
     server = grpc.aio.server()
     servicer = StandInRetrieval()
     retrieval_pb2_grpc.add_RetrievalServiceServicer_to_server(servicer, server)
@@ -134,17 +134,19 @@ def search(query: str) -> tuple[str, str]:
 
 
 async def test_a_search_for_the_question_reuses_the_prefetch_and_its_step_says_so(
-    served: Served,
+    retrieval_stand_in: Served,
 ) -> None:
     gateway = ScriptedGateway([tool_calls(search(QUESTION)), answer("Sixteen weeks [S2].")])
-    loop, store = loop_with(gateway, served.client, FakeMemory(memories=[memory(1)]))
+    loop, store = loop_with(gateway, retrieval_stand_in.client, FakeMemory(memories=[memory(1)]))
 
     run = await start(loop)
 
     assert run.state is RunState.COMPLETED, run.reason
     # One Search reached retrieval, the prefetch's, with the caller's own token (I1)
     # and the spec's sources (I7).
-    assert served.servicer.searches == [(QUESTION, ("handbook",), 4, f"Bearer {CALLER.token}")]
+    assert retrieval_stand_in.servicer.searches == [
+        (QUESTION, ("handbook",), 4, f"Bearer {CALLER.token}")
+    ]
     steps = store.runs[run.run_id].steps
     assert [s.kind.value for s in steps] == [
         "MEMORY_READ",
@@ -167,29 +169,34 @@ async def test_a_search_for_the_question_reuses_the_prefetch_and_its_step_says_s
 
 
 async def test_a_search_for_anything_else_reaches_retrieval_and_claims_no_reuse(
-    served: Served,
+    retrieval_stand_in: Served,
 ) -> None:
     gateway = ScriptedGateway([tool_calls(search("leave policy")), answer("See [S3].")])
-    loop, store = loop_with(gateway, served.client, FakeMemory(memories=[memory(1)]))
+    loop, store = loop_with(gateway, retrieval_stand_in.client, FakeMemory(memories=[memory(1)]))
 
     run = await start(loop)
 
     assert run.state is RunState.COMPLETED, run.reason
-    assert [query for query, *_ in served.servicer.searches] == [QUESTION, "leave policy"]
+    assert [query for query, *_ in retrieval_stand_in.servicer.searches] == [
+        QUESTION,
+        "leave policy",
+    ]
     tool_step = store.runs[run.run_id].steps[3]
     assert "reused_prefetch" not in tool_step.detail
     assert tool_step.detail["labels"] == ["S3", "S4"]
 
 
-async def test_a_second_run_with_the_same_question_searches_again(served: Served) -> None:
+async def test_a_second_run_with_the_same_question_searches_again(
+    retrieval_stand_in: Served,
+) -> None:
     gateway = ScriptedGateway([answer("First."), answer("Second.")])
-    loop, _ = loop_with(gateway, served.client, FakeMemory(memories=[memory(1)]))
+    loop, _ = loop_with(gateway, retrieval_stand_in.client, FakeMemory(memories=[memory(1)]))
 
     first, second = await start(loop), await start(loop)
 
     assert (first.state, second.state) == (RunState.COMPLETED, RunState.COMPLETED)
     # The prefetch is reused within its own run only.
-    assert [query for query, *_ in served.servicer.searches] == [QUESTION, QUESTION]
+    assert [query for query, *_ in retrieval_stand_in.servicer.searches] == [QUESTION, QUESTION]
 
 
 @dataclass

@@ -61,7 +61,7 @@ class WriteStack:
 
 
 @pytest.fixture(scope="module")
-def writes(
+def write_stack(
     service_env: dict[str, str], pg_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WriteStack]:
     base = tmp_path_factory.mktemp("orchestrator-writes")
@@ -101,8 +101,8 @@ def writes(
 
 
 @pytest.fixture(autouse=True)
-def fresh_script(writes: WriteStack) -> None:
-    control(writes.model_url, "reset", {})
+def fresh_script(write_stack: WriteStack) -> None:
+    control(write_stack.model_url, "reset", {})
 
 
 @pytest.fixture
@@ -123,11 +123,11 @@ def question() -> str:
 
 
 def test_a_write_never_runs_unconfirmed_and_the_run_waits_with_its_card(
-    writes: WriteStack, alice: str, new_org: str
+    write_stack: WriteStack, alice: str, new_org: str
 ) -> None:
     asked = question()
     script(
-        writes.model_url,
+        write_stack.model_url,
         {
             "action": "tool_call",
             "calls": [
@@ -136,7 +136,7 @@ def test_a_write_never_runs_unconfirmed_and_the_run_waits_with_its_card(
             ],
         },
     )
-    run = start_run(writes.orchestrator.address, alice, "scribe", asked)
+    run = start_run(write_stack.orchestrator.address, alice, "scribe", asked)
 
     assert run.state == pb.RUN_STATE_CONFIRMATION_PENDING
     card = run.pending_confirmation.card
@@ -144,13 +144,13 @@ def test_a_write_never_runs_unconfirmed_and_the_run_waits_with_its_card(
     assert [(d.label, d.value) for d in card.details] == [("Note", "buy milk")]
     assert run.pending_confirmation.tool_name == "append_note"
     assert run.pending_confirmation.expires_at.seconds > run.pending_confirmation.created_at.seconds
-    assert notes(writes.pg_url, new_org) == []
-    assert len(chat_requests(writes.model_url, containing=asked)) == 1
-    steps = trajectory(writes.orchestrator.address, alice, run.run_id)
+    assert notes(write_stack.pg_url, new_org) == []
+    assert len(chat_requests(write_stack.model_url, containing=asked)) == 1
+    steps = trajectory(write_stack.orchestrator.address, alice, run.run_id)
     assert kinds(steps) == ["MODEL_CALL", "TOOL_CALL", "CONFIRMATION_REQUESTED"]
     assert steps[1].name == "search_knowledge"
     assert detail(steps[2])["card"]["summary"] == card.summary
-    with grpc.insecure_channel(writes.orchestrator.address) as channel:
+    with grpc.insecure_channel(write_stack.orchestrator.address) as channel:
         pending = (
             orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
             .ListPendingConfirmations(
@@ -162,13 +162,13 @@ def test_a_write_never_runs_unconfirmed_and_the_run_waits_with_its_card(
 
 
 def test_an_actor_token_cannot_approve_even_with_the_persons_own_token(
-    writes: WriteStack, alice: str, issuer: TokenIssuer, new_org: str
+    write_stack: WriteStack, alice: str, issuer: TokenIssuer, new_org: str
 ) -> None:
-    script(writes.model_url, note_call("buy milk"))
-    run = start_run(writes.orchestrator.address, alice, "scribe", question())
+    script(write_stack.model_url, note_call("buy milk"))
+    run = start_run(write_stack.orchestrator.address, alice, "scribe", question())
     actor = issuer.actor_token(service="orchestrator", run_id=run.run_id, agent="scribe")
     with (
-        grpc.insecure_channel(writes.orchestrator.address) as channel,
+        grpc.insecure_channel(write_stack.orchestrator.address) as channel,
         pytest.raises(grpc.RpcError) as refused,
     ):
         orchestrator_pb2_grpc.OrchestratorServiceStub(channel).ResolveConfirmation(
@@ -182,29 +182,29 @@ def test_an_actor_token_cannot_approve_even_with_the_persons_own_token(
     assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
     bob = issuer.caller_token(org_id=new_org, user_id="bob", roles=["admin"])
     with pytest.raises(grpc.RpcError) as refused:
-        resolve(writes.orchestrator.address, bob, run.pending_confirmation.confirmation_token)
+        resolve(write_stack.orchestrator.address, bob, run.pending_confirmation.confirmation_token)
     assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
-    assert notes(writes.pg_url, new_org) == []
+    assert notes(write_stack.pg_url, new_org) == []
 
 
 # ---------------------------------------------------------------- exactly once
 
 
 def test_two_simultaneous_approvals_execute_the_write_once(
-    writes: WriteStack, alice: str, new_org: str
+    write_stack: WriteStack, alice: str, new_org: str
 ) -> None:
     asked = question()
     script(
-        writes.model_url,
+        write_stack.model_url,
         note_call("buy milk", pause_after_seconds=0.5),
         {"action": "answer", "content": "Noted: buy milk."},
     )
-    run = start_run(writes.orchestrator.address, alice, "scribe", asked)
+    run = start_run(write_stack.orchestrator.address, alice, "scribe", asked)
     token = run.pending_confirmation.confirmation_token
     both_ready = threading.Barrier(2)
 
     def approve() -> pb.Run:
-        with grpc.insecure_channel(writes.orchestrator.address) as channel:
+        with grpc.insecure_channel(write_stack.orchestrator.address) as channel:
             stub = orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
             request = pb.ResolveConfirmationRequest(
                 confirmation_token=token, decision=pb.DECISION_APPROVE
@@ -220,11 +220,11 @@ def test_two_simultaneous_approvals_execute_the_write_once(
 
     assert [o.state for o in outcomes] == [pb.RUN_STATE_COMPLETED] * 2
     assert {o.answer for o in outcomes} == {"Noted: buy milk."}
-    assert notes(writes.pg_url, new_org) == [("buy milk", 1)]
-    steps = trajectory(writes.orchestrator.address, alice, run.run_id)
+    assert notes(write_stack.pg_url, new_org) == [("buy milk", 1)]
+    steps = trajectory(write_stack.orchestrator.address, alice, run.run_id)
     assert kinds(steps).count("CONFIRMATION_RESOLVED") == 1
     assert [s.name for s in steps if s.kind == pb.STEP_KIND_TOOL_CALL] == ["append_note"]
-    assert len(chat_requests(writes.model_url, containing=asked)) == 2
+    assert len(chat_requests(write_stack.model_url, containing=asked)) == 2
 
 
 @pytest.mark.parametrize(
@@ -232,7 +232,7 @@ def test_two_simultaneous_approvals_execute_the_write_once(
     ["before_the_effect", "after_the_effect", "after_the_result_was_recorded"],
 )
 def test_killed_around_an_approved_write_and_restarted_it_takes_effect_exactly_once(
-    writes: WriteStack, alice: str, new_org: str, kill_point: str
+    write_stack: WriteStack, alice: str, new_org: str, kill_point: str
 ) -> None:
     asked = question()
     hold = {
@@ -243,20 +243,20 @@ def test_killed_around_an_approved_write_and_restarted_it_takes_effect_exactly_o
     steps_scripted: list[dict[str, Any]] = [note_call("call the bank", **hold)]
     if kill_point == "after_the_result_was_recorded":
         steps_scripted.append({"action": "hang", "seconds": 30})
-    script(writes.model_url, *steps_scripted)
-    orchestrator = writes.orchestrator
+    script(write_stack.model_url, *steps_scripted)
+    orchestrator = write_stack.orchestrator
     run = start_run(orchestrator.address, alice, "scribe", asked)
     token = run.pending_confirmation.confirmation_token
 
     approving = ThreadPoolExecutor(max_workers=1)
     in_flight = approving.submit(resolve, orchestrator.address, alice, token)
     if kill_point == "before_the_effect":
-        wait_until(lambda: confirmation_state(writes.pg_url, token) == "EXECUTING")
+        wait_until(lambda: confirmation_state(write_stack.pg_url, token) == "EXECUTING")
     elif kill_point == "after_the_effect":
-        wait_until(lambda: notes(writes.pg_url, new_org))
+        wait_until(lambda: notes(write_stack.pg_url, new_org))
     else:
-        wait_until(lambda: confirmation_state(writes.pg_url, token) == "EXECUTED")
-        wait_until(lambda: len(chat_requests(writes.model_url, containing=asked)) == 2)
+        wait_until(lambda: confirmation_state(write_stack.pg_url, token) == "EXECUTED")
+        wait_until(lambda: len(chat_requests(write_stack.model_url, containing=asked)) == 2)
     orchestrator.restart_after_kill()
     with pytest.raises(grpc.RpcError):
         in_flight.result(timeout=30)  # the approval's connection died with the process
@@ -273,13 +273,13 @@ def test_killed_around_an_approved_write_and_restarted_it_takes_effect_exactly_o
     )
     assert back.pending_confirmation.confirmation_token == token
     assert "You approved this" in back.pending_confirmation.card.warnings[0]
-    control(writes.model_url, "reset", {})
-    script(writes.model_url, {"action": "answer", "content": "The bank call is noted."})
+    control(write_stack.model_url, "reset", {})
+    script(write_stack.model_url, {"action": "answer", "content": "The bank call is noted."})
     done = resolve(orchestrator.address, alice, token)
 
     assert done.state == pb.RUN_STATE_COMPLETED, done.reason
     assert done.answer == "The bank call is noted."
-    rows = notes(writes.pg_url, new_org)
+    rows = notes(write_stack.pg_url, new_org)
     assert [text for text, _ in rows] == ["call the bank"]  # took effect exactly once
     # Interrupted while it was with its target, it was handed over again with the
     # same key; once its result was recorded, never again.
@@ -300,10 +300,10 @@ def test_killed_around_an_approved_write_and_restarted_it_takes_effect_exactly_o
 
 
 def test_a_run_killed_with_no_approval_in_flight_is_failed_with_the_reason_after_restart(
-    writes: WriteStack, alice: str
+    write_stack: WriteStack, alice: str
 ) -> None:
-    script(writes.model_url, {"action": "hang", "seconds": 30})
-    orchestrator = writes.orchestrator
+    script(write_stack.model_url, {"action": "hang", "seconds": 30})
+    orchestrator = write_stack.orchestrator
     pool = ThreadPoolExecutor(max_workers=1)
     asking = pool.submit(start_run, orchestrator.address, alice, "scribe", question())
 
@@ -335,29 +335,29 @@ def test_a_run_killed_with_no_approval_in_flight_is_failed_with_the_reason_after
 
 
 def test_a_denial_reaches_the_model_as_a_tool_message_with_the_persons_note(
-    writes: WriteStack, alice: str, new_org: str
+    write_stack: WriteStack, alice: str, new_org: str
 ) -> None:
     asked = question()
     script(
-        writes.model_url,
+        write_stack.model_url,
         note_call("sell the car"),
         {"action": "answer", "content": "Understood, nothing was noted."},
     )
-    run = start_run(writes.orchestrator.address, alice, "scribe", asked)
+    run = start_run(write_stack.orchestrator.address, alice, "scribe", asked)
     done = resolve(
-        writes.orchestrator.address,
+        write_stack.orchestrator.address,
         alice,
         run.pending_confirmation.confirmation_token,
         approve=False,
         note="not the car",
     )
     assert done.state == pb.RUN_STATE_COMPLETED
-    assert notes(writes.pg_url, new_org) == []
-    first, second = chat_requests(writes.model_url, containing=asked)
+    assert notes(write_stack.pg_url, new_org) == []
+    first, second = chat_requests(write_stack.model_url, containing=asked)
     assert tool_messages(first) == []
     (denied,) = tool_messages(second)
     assert "tool.denied" in denied["content"] and "not the car" in denied["content"]
-    steps = trajectory(writes.orchestrator.address, alice, run.run_id)
+    steps = trajectory(write_stack.orchestrator.address, alice, run.run_id)
     resolved = next(s for s in steps if s.kind == pb.STEP_KIND_CONFIRMATION_RESOLVED)
     assert detail(resolved)["decision"] == "DENY" and detail(resolved)["resolved_by"] == "alice"
     assert detail(resolved)["note"] == "not the car" and detail(resolved)["resolved_at"]
@@ -367,46 +367,48 @@ def test_a_denial_reaches_the_model_as_a_tool_message_with_the_persons_note(
 
 
 def test_the_model_call_budget_ends_the_run_budget_exhausted_with_its_trajectory(
-    writes: WriteStack, alice: str
+    write_stack: WriteStack, alice: str
 ) -> None:
-    run = start_run(writes.orchestrator.address, alice, "one_call", question())
+    run = start_run(write_stack.orchestrator.address, alice, "one_call", question())
     assert run.state == pb.RUN_STATE_BUDGET_EXHAUSTED
     assert "model-call budget of 1" in run.reason
     assert run.usage.model_calls == 1
-    assert kinds(trajectory(writes.orchestrator.address, alice, run.run_id)) == ["MODEL_CALL"]
+    assert kinds(trajectory(write_stack.orchestrator.address, alice, run.run_id)) == ["MODEL_CALL"]
 
 
 def test_the_token_budget_ends_the_run_when_the_gateway_says_the_call_cannot_fit(
-    writes: WriteStack, alice: str
+    write_stack: WriteStack, alice: str
 ) -> None:
-    run = start_run(writes.orchestrator.address, alice, "few_tokens", question())
+    run = start_run(write_stack.orchestrator.address, alice, "few_tokens", question())
     assert run.state == pb.RUN_STATE_BUDGET_EXHAUSTED
     assert "60 tokens left" in run.reason
-    (step,) = trajectory(writes.orchestrator.address, alice, run.run_id)
+    (step,) = trajectory(write_stack.orchestrator.address, alice, run.run_id)
     assert step.kind == pb.STEP_KIND_MODEL_CALL and step.error.code == "gateway.resource_exhausted"
 
 
 def test_the_wall_time_budget_ends_a_run_whose_model_call_outlives_it(
-    writes: WriteStack, alice: str
+    write_stack: WriteStack, alice: str
 ) -> None:
-    script(writes.model_url, {"action": "hang", "seconds": 5})
-    run = start_run(writes.orchestrator.address, alice, "one_second", question())
+    script(write_stack.model_url, {"action": "hang", "seconds": 5})
+    run = start_run(write_stack.orchestrator.address, alice, "one_second", question())
     assert run.state == pb.RUN_STATE_BUDGET_EXHAUSTED
     assert "wall-time budget of 1 s" in run.reason
-    assert kinds(trajectory(writes.orchestrator.address, alice, run.run_id)) == ["MODEL_CALL"]
+    assert kinds(trajectory(write_stack.orchestrator.address, alice, run.run_id)) == ["MODEL_CALL"]
 
 
 # ---------------------------------------------------------------- the trajectory, live
 
 
 def test_every_step_of_a_run_is_streamed_as_it_starts_and_finishes_and_is_in_its_trajectory(
-    writes: WriteStack, alice: str
+    write_stack: WriteStack, alice: str
 ) -> None:
     # The default demo model searches first, then answers; both calls are held for
     # a second, so the stream is open while the run is still working, however late
     # the run becomes visible to ListRuns on a loaded machine.
-    script(writes.model_url, {"action": "hang", "seconds": 1}, {"action": "hang", "seconds": 1})
-    orchestrator = writes.orchestrator
+    script(
+        write_stack.model_url, {"action": "hang", "seconds": 1}, {"action": "hang", "seconds": 1}
+    )
+    orchestrator = write_stack.orchestrator
     pool = ThreadPoolExecutor(max_workers=1)
     asking = pool.submit(start_run, orchestrator.address, alice, "scribe", question())
 

@@ -161,7 +161,7 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(
+def tool_source_stack(
     service_env: dict[str, str], pg_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
     base = tmp_path_factory.mktemp("tool-sources")
@@ -224,8 +224,8 @@ def stack(
 
 
 @pytest.fixture(autouse=True)
-def fresh_script(stack: Stack) -> None:
-    control(stack.model_url, "reset", {})
+def fresh_script(tool_source_stack: Stack) -> None:
+    control(tool_source_stack.model_url, "reset", {})
 
 
 @pytest.fixture
@@ -243,16 +243,20 @@ def question() -> str:
 
 
 def ask(
-    stack: Stack, token: str, agent: str, tool: str, arguments: dict[str, Any] | None = None
+    tool_source_stack: Stack,
+    token: str,
+    agent: str,
+    tool: str,
+    arguments: dict[str, Any] | None = None,
 ) -> tuple[pb.Run, list[pb.Step], str]:
     asked = question()
     script(
-        stack.model_url,
+        tool_source_stack.model_url,
         {"action": "tool_call", "name": tool, "arguments": arguments or {}},
         {"action": "answer", "content": "Here is what the directory says."},
     )
-    run = start_run(stack.orchestrator.address, token, agent, asked)
-    return run, trajectory(stack.orchestrator.address, token, run.run_id), asked
+    run = start_run(tool_source_stack.orchestrator.address, token, agent, asked)
+    return run, trajectory(tool_source_stack.orchestrator.address, token, run.run_id), asked
 
 
 def tool_step(steps: list[pb.Step], name: str) -> pb.Step:
@@ -281,10 +285,10 @@ def leave_requests(pg_url: str, idempotency_key: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_an_imported_tool_is_offered_called_and_its_result_reaches_the_model_with_the_source_named(
-    stack: Stack, maria: str, transport: str
+    tool_source_stack: Stack, maria: str, transport: str
 ) -> None:
     tool = f"{transport}_count_open_positions"
-    run, steps, asked = ask(stack, maria, f"directory-{transport}", tool)
+    run, steps, asked = ask(tool_source_stack, maria, f"directory-{transport}", tool)
 
     assert run.state == pb.RUN_STATE_COMPLETED
     assert kinds(steps) == ["MODEL_CALL", "TOOL_CALL", "MODEL_CALL"]
@@ -294,16 +298,16 @@ def test_an_imported_tool_is_offered_called_and_its_result_reaches_the_model_wit
     assert call["transport"] == transport
     assert call["result"]["total"] == 2
     assert [t["open_positions"] for t in call["result"]["teams"]] == [2]
-    second = chat_requests(stack.model_url, containing=asked)[1]
+    second = chat_requests(tool_source_stack.model_url, containing=asked)[1]
     assert '"total": 2' in tool_messages(second)[0]["content"].replace('"total":2', '"total": 2')
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_caller_without_the_role_gets_the_one_denial_from_the_tool_as_data(
-    stack: Stack, tom: str, transport: str
+    tool_source_stack: Stack, tom: str, transport: str
 ) -> None:
     tool = f"{transport}_count_open_positions"
-    run, steps, _ = ask(stack, tom, f"directory-{transport}", tool)
+    run, steps, _ = ask(tool_source_stack, tom, f"directory-{transport}", tool)
 
     assert run.state == pb.RUN_STATE_COMPLETED
     step = tool_step(steps, tool)
@@ -313,12 +317,12 @@ def test_a_caller_without_the_role_gets_the_one_denial_from_the_tool_as_data(
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_the_tool_server_narrows_by_the_person_the_token_names(
-    stack: Stack, maria: str, tom: str, transport: str
+    tool_source_stack: Stack, maria: str, tom: str, transport: str
 ) -> None:
     tool = f"{transport}_leave_balance"
-    _, own, _ = ask(stack, tom, f"directory-{transport}", tool)
-    _, managed, _ = ask(stack, maria, f"directory-{transport}", tool, {"person": "tom"})
-    _, other, _ = ask(stack, tom, f"directory-{transport}", tool, {"person": "maria"})
+    _, own, _ = ask(tool_source_stack, tom, f"directory-{transport}", tool)
+    _, managed, _ = ask(tool_source_stack, maria, f"directory-{transport}", tool, {"person": "tom"})
+    _, other, _ = ask(tool_source_stack, tom, f"directory-{transport}", tool, {"person": "maria"})
 
     assert detail(tool_step(own, tool))["result"]["person"] == "tom"
     assert detail(tool_step(managed, tool))["result"]["person"] == "tom"
@@ -327,10 +331,10 @@ def test_the_tool_server_narrows_by_the_person_the_token_names(
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_the_tool_server_receives_the_callers_token_and_nothing_cairn_would_accept_as_cairn(
-    stack: Stack, tom: str, transport: str, dev_keys: tuple[Path, Path]
+    tool_source_stack: Stack, tom: str, transport: str, dev_keys: tuple[Path, Path]
 ) -> None:
     tool = f"{transport}_whoami"
-    run, steps, _ = ask(stack, tom, f"misbehaving-{transport}", tool)
+    run, steps, _ = ask(tool_source_stack, tom, f"misbehaving-{transport}", tool)
 
     received = {
         k.lower(): v for k, v in detail(tool_step(steps, tool))["result"]["metadata"].items()
@@ -364,36 +368,40 @@ def signed_with(key: bytes, value: str) -> bool:
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_an_imported_write_waits_for_its_card_and_runs_once_after_simultaneous_approvals(
-    stack: Stack, tom: str, transport: str
+    tool_source_stack: Stack, tom: str, transport: str
 ) -> None:
     tool = f"{transport}_request_leave"
     script(
-        stack.model_url,
+        tool_source_stack.model_url,
         {"action": "tool_call", "name": tool, "arguments": {"start_date": "2027-03-01", "days": 1}},
         {"action": "answer", "content": "Booked."},
     )
-    run = start_run(stack.orchestrator.address, tom, f"directory-{transport}", question())
+    run = start_run(
+        tool_source_stack.orchestrator.address, tom, f"directory-{transport}", question()
+    )
 
     assert run.state == pb.RUN_STATE_CONFIRMATION_PENDING
     card = run.pending_confirmation.card
     assert card.summary == "Book 1 days of leave from 2027-03-01"
     assert [(d.label, d.value) for d in card.details] == [("Start", "2027-03-01"), ("Days", "1")]
     token = run.pending_confirmation.confirmation_token
-    assert leave_requests(stack.pg_url, token) == []
+    assert leave_requests(tool_source_stack.pg_url, token) == []
 
     def approve() -> pb.Run | grpc.RpcError:
         try:
-            return resolve(stack.orchestrator.address, tom, token)
+            return resolve(tool_source_stack.orchestrator.address, tom, token)
         except grpc.RpcError as exc:
             return exc
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         outcomes = list(pool.map(lambda _: approve(), range(2)))
     assert any(isinstance(o, pb.Run) for o in outcomes)
-    final = get_run(stack.orchestrator.address, tom, run.run_id)
+    final = get_run(tool_source_stack.orchestrator.address, tom, run.run_id)
     assert final.state == pb.RUN_STATE_COMPLETED
-    assert leave_requests(stack.pg_url, token) == [{"user_id": "tom", "days": 1, "deliveries": 1}]
-    steps = trajectory(stack.orchestrator.address, tom, run.run_id)
+    assert leave_requests(tool_source_stack.pg_url, token) == [
+        {"user_id": "tom", "days": 1, "deliveries": 1}
+    ]
+    steps = trajectory(tool_source_stack.orchestrator.address, tom, run.run_id)
     executed = [s for s in steps if s.name == tool and kinds([s]) == ["TOOL_CALL"]]
     assert len(executed) == 1
     assert detail(executed[0])["source"] == f"directory-{transport}"
@@ -401,16 +409,21 @@ def test_an_imported_write_waits_for_its_card_and_runs_once_after_simultaneous_a
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_server_that_calls_a_tool_read_only_does_not_lower_the_specs_write(
-    stack: Stack, tom: str, transport: str
+    tool_source_stack: Stack, tom: str, transport: str
 ) -> None:
     tool = f"{transport}_hinted_write"
-    before = stack.misbehaving.ledger.read_text()
-    script(stack.model_url, {"action": "tool_call", "name": tool, "arguments": {"text": "x"}})
-    run = start_run(stack.orchestrator.address, tom, f"misbehaving-{transport}", question())
+    before = tool_source_stack.misbehaving.ledger.read_text()
+    script(
+        tool_source_stack.model_url,
+        {"action": "tool_call", "name": tool, "arguments": {"text": "x"}},
+    )
+    run = start_run(
+        tool_source_stack.orchestrator.address, tom, f"misbehaving-{transport}", question()
+    )
 
     assert run.state == pb.RUN_STATE_CONFIRMATION_PENDING
     assert run.pending_confirmation.card.summary == "Write x"
-    assert stack.misbehaving.ledger.read_text() == before
+    assert tool_source_stack.misbehaving.ledger.read_text() == before
 
 
 # ---------------------------------------------------------------- sources that misbehave
@@ -418,10 +431,10 @@ def test_a_server_that_calls_a_tool_read_only_does_not_lower_the_specs_write(
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_source_that_hangs_is_a_timeout_and_the_run_completes(
-    stack: Stack, tom: str, transport: str
+    tool_source_stack: Stack, tom: str, transport: str
 ) -> None:
     tool = f"{transport}_hang"
-    run, steps, _ = ask(stack, tom, f"misbehaving-{transport}", tool)
+    run, steps, _ = ask(tool_source_stack, tom, f"misbehaving-{transport}", tool)
 
     assert run.state == pb.RUN_STATE_COMPLETED
     step = tool_step(steps, tool)
@@ -431,24 +444,26 @@ def test_a_source_that_hangs_is_a_timeout_and_the_run_completes(
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_source_that_returns_ten_megabytes_is_cut_at_the_tools_byte_cap(
-    stack: Stack, tom: str, transport: str
+    tool_source_stack: Stack, tom: str, transport: str
 ) -> None:
     tool = f"{transport}_huge"
-    run, steps, asked = ask(stack, tom, f"misbehaving-{transport}", tool)
+    run, steps, asked = ask(tool_source_stack, tom, f"misbehaving-{transport}", tool)
 
     assert run.state == pb.RUN_STATE_COMPLETED
     call = detail(tool_step(steps, tool))
     assert call["truncated"] is True
     assert call["result_bytes"] > 10 * 1024 * 1024
-    content = tool_messages(chat_requests(stack.model_url, containing=asked)[1])[0]["content"]
+    content = tool_messages(chat_requests(tool_source_stack.model_url, containing=asked)[1])[0][
+        "content"
+    ]
     assert "[truncated: this result was cut at 4096 bytes" in content
     assert len(content.encode()) < 8192
 
 
 def test_a_source_that_returns_invalid_json_is_error_data_and_the_run_completes(
-    stack: Stack, tom: str
+    tool_source_stack: Stack, tom: str
 ) -> None:
-    run, steps, _ = ask(stack, tom, "misbehaving-grpc", "grpc_not_json")
+    run, steps, _ = ask(tool_source_stack, tom, "misbehaving-grpc", "grpc_not_json")
 
     assert run.state == pb.RUN_STATE_COMPLETED
     step = tool_step(steps, "grpc_not_json")
@@ -457,22 +472,22 @@ def test_a_source_that_returns_invalid_json_is_error_data_and_the_run_completes(
 
 
 def test_a_source_that_went_down_is_unavailable_data_and_the_run_completes(
-    stack: Stack, tom: str
+    tool_source_stack: Stack, tom: str
 ) -> None:
-    stack.doomed.proc.stop()
+    tool_source_stack.doomed.proc.stop()
     for transport in TRANSPORTS:
         tool = f"{transport}_doomed_whoami"
-        run, steps, _ = ask(stack, tom, f"misbehaving-{transport}", tool)
+        run, steps, _ = ask(tool_source_stack, tom, f"misbehaving-{transport}", tool)
 
         assert run.state == pb.RUN_STATE_COMPLETED, transport
         assert tool_step(steps, tool).error.code == "tool.unavailable", transport
 
 
 def test_every_source_is_named_in_the_trajectory_of_a_run_that_used_several(
-    stack: Stack, tom: str
+    tool_source_stack: Stack, tom: str
 ) -> None:
     script(
-        stack.model_url,
+        tool_source_stack.model_url,
         {
             "action": "tool_call",
             "calls": [
@@ -482,15 +497,15 @@ def test_every_source_is_named_in_the_trajectory_of_a_run_that_used_several(
         },
         {"action": "answer", "content": "done"},
     )
-    run = start_run(stack.orchestrator.address, tom, "misbehaving-grpc", question())
-    steps = trajectory(stack.orchestrator.address, tom, run.run_id)
+    run = start_run(tool_source_stack.orchestrator.address, tom, "misbehaving-grpc", question())
+    steps = trajectory(tool_source_stack.orchestrator.address, tom, run.run_id)
 
     named = {s.name: detail(s).get("source") for s in steps if kinds([s]) == ["TOOL_CALL"]}
     assert named == {"grpc_whoami": "misbehaving-grpc", "grpc_not_json": "misbehaving-grpc"}
 
 
-def start_run_in(stack: Stack, token: str, agent: str, language: str) -> pb.Run:
-    with grpc.insecure_channel(stack.orchestrator.address) as channel:
+def start_run_in(tool_source_stack: Stack, token: str, agent: str, language: str) -> pb.Run:
+    with grpc.insecure_channel(tool_source_stack.orchestrator.address) as channel:
         run: pb.Run = (
             orchestrator_pb2_grpc.OrchestratorServiceStub(channel)
             .StartRun(
@@ -504,22 +519,22 @@ def start_run_in(stack: Stack, token: str, agent: str, language: str) -> pb.Run:
 
 
 def test_an_imported_writes_card_is_in_the_runs_language_or_says_it_fell_back(
-    stack: Stack, tom: str
+    tool_source_stack: Stack, tom: str
 ) -> None:
     script(
-        stack.model_url,
+        tool_source_stack.model_url,
         {
             "action": "tool_call",
             "name": "grpc_request_leave",
             "arguments": {"start_date": "2027-04-01", "days": 2},
         },
     )
-    chinese = start_run_in(stack, tom, "directory-grpc", "zh-Hans")
+    chinese = start_run_in(tool_source_stack, tom, "directory-grpc", "zh-Hans")
     script(
-        stack.model_url,
+        tool_source_stack.model_url,
         {"action": "tool_call", "name": "grpc_hinted_write", "arguments": {"text": "y"}},
     )
-    english_only = start_run_in(stack, tom, "misbehaving-grpc", "zh-Hans")
+    english_only = start_run_in(tool_source_stack, tom, "misbehaving-grpc", "zh-Hans")
 
     card = chinese.pending_confirmation.card
     assert (card.summary, card.language, card.language_fallback) == (
