@@ -150,7 +150,7 @@ class Opening:
         self, scope: RunScope, earlier: Sequence[ConversationTurn]
     ) -> tuple[StepRecord | None, tuple[str, ...]]:
         """The conversation window; turns too large to travel whole are archived
-        first and named by reference (conversation.py decides, this only calls)."""
+        first and named by reference (conversation_window.py decides, the archiver in conversation.py calls)."""
         plan = plan_conversation(earlier)
         if not plan.to_archive:
             return None, window_lines(plan, {})

@@ -2,7 +2,8 @@
 call, plan the tool calls a reply asks for, fold tool outcomes back into the
 conversation, check budgets, and resolve the answer's citations.
 
-Nothing here does I/O; `loop.py` runs these in a thin loop around the calls to
+Nothing here does I/O; the loop's modules (opening.py, drive.py,
+tool_execution.py, approvals.py; see loop.py) run these around the calls to
 the gateway, retrieval, memory and the run store. Keeping the decisions here is
 what lets each one be tested without a network, and lets a later confirmation
 resume a run from its persisted LoopState by calling the same functions.
