@@ -141,8 +141,14 @@ async def main() -> None:
     )
     await server.start()
     web = asyncio.create_task(http.serve())
-    while not http.started:  # noqa: ASYNC110 - uvicorn offers a flag, not an event
-        await asyncio.sleep(0.05)
+    # uvicorn offers a flag, not an event: poll it, with a deadline, and stop at once
+    # when the server gave up instead of starting.
+    async with asyncio.timeout(30):
+        while not http.started and not web.done():  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    if not http.started:
+        await web  # raises why it could not start
+        raise SystemExit("the MCP server stopped before it started")
     await health.set("", health_pb2.HealthCheckResponse.SERVING)
     await web
     await server.stop(grace=0)
