@@ -21,6 +21,8 @@ def test_a_copy_is_erased_raw_and_inside_json_inside_json(
 ) -> None:
     # Elsewhere the text may sit inside a longer word, which is not a copy of it.
     assume(erased not in before and erased not in after and TOMBSTONE not in before + after)
+    # A key is a copy too and would be erased with it; these are the ones read back.
+    assume(erased not in ("messages", "content", "text"))
     quoted = f"{before} {erased} {after}"
     # A tool message is JSON text inside the run's stored JSON.
     stored = {"messages": [{"content": json.dumps({"text": quoted}, ensure_ascii=True)}]}
@@ -28,6 +30,10 @@ def test_a_copy_is_erased_raw_and_inside_json_inside_json(
     inner = json.loads(scrubbed["messages"][0]["content"])["text"]
     assert erased not in inner.replace(TOMBSTONE, "")
     assert TOMBSTONE in inner
+
+
+def test_a_key_that_is_the_erased_text_is_erased_like_any_other_copy() -> None:
+    assert Eraser(["messages"]).value({"messages": ["kept"]}) == {TOMBSTONE: ["kept"]}
 
 
 def test_a_short_value_is_erased_as_a_word_never_inside_another() -> None:
