@@ -42,6 +42,13 @@ class Ledger(Protocol):
         """Replace the estimate taken with what the call really used."""
         ...
 
+    async def finish_call(
+        self, reservation_id: str | None, grant: CeilingGrant | None, used_tokens: int
+    ) -> None:
+        """Settle the answering attempt's grant and release the run's reservation at
+        once, as an answered call ends (one round trip where both apply)."""
+        ...
+
 
 class NoLedger:
     """Budgets checked per call only, no ceilings: nothing is shared between calls."""
@@ -57,4 +64,9 @@ class NoLedger:
         return None
 
     async def settle_ceiling(self, grant: CeilingGrant, used_tokens: int) -> None:
+        return None
+
+    async def finish_call(
+        self, reservation_id: str | None, grant: CeilingGrant | None, used_tokens: int
+    ) -> None:
         return None

@@ -148,6 +148,32 @@ class PostgresLedger:
             # The bucket keeps the estimate; it leaves the window within 70 seconds.
             return
 
+    async def finish_call(
+        self, reservation_id: str | None, grant: CeilingGrant | None, used_tokens: int
+    ) -> None:
+        settle = grant is not None and grant.granted and used_tokens != grant.tokens
+        if not settle:
+            if reservation_id is not None:
+                await self.release_run(reservation_id)
+            return
+        assert grant is not None
+        if reservation_id is None:
+            await self.settle_ceiling(grant, used_tokens)
+            return
+        try:
+            async with self._db.pool.acquire() as conn:
+                await conn.execute(
+                    "SELECT release_run_tokens($1::uuid), settle_ceiling($2, $3, $4)",
+                    reservation_id,
+                    grant.provider,
+                    grant.bucket_start,
+                    used_tokens - grant.tokens,
+                )
+        except _DB_ERRORS:
+            # Both expire on their own: the reservation at its TTL, the estimate when
+            # its bucket leaves the window. The call itself has already completed.
+            return
+
 
 class PostgresCooldowns:
     """Every replica's running cooldowns in one table, ends only ever moved later.

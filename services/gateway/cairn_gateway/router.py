@@ -81,6 +81,8 @@ _SHARE_TIMEOUT_SECONDS = 1.0
 class _AttemptRecord:
     attempt: Attempt | None = None
     completion: Completion | None = None
+    # An answering attempt's grant, settled as the call ends (with the release).
+    unsettled: CeilingGrant | None = None
 
 
 class Router:
@@ -195,8 +197,20 @@ class Router:
                         ),
                         jitter=self._jitter.random(),
                     )
+                    if record.unsettled is not None and decision.step is not NextStep.ANSWER:
+                        await self._ledger.settle_ceiling(
+                            record.unsettled, self._tokens_used(record, record.unsettled)
+                        )
                     if decision.step is NextStep.ANSWER:
                         assert record.completion is not None
+                        # The call has used what it will use: settle and release in
+                        # one step, before the answer leaves.
+                        finished, reservation = reservation, None
+                        await self._ledger.finish_call(
+                            finished,
+                            record.unsettled,
+                            record.completion.usage.total_tokens,
+                        )
                         yield ChatResult(record.completion, route.provider, tuple(attempts))
                         return
                     if decision.step is NextStep.RETURN_ERROR:
@@ -323,7 +337,10 @@ class Router:
             if record.attempt is not None:
                 await self._note_health(config, record.attempt)
             if grant is not None and grant.granted:
-                await self._ledger.settle_ceiling(grant, self._tokens_used(record, grant))
+                if record.completion is not None and record.attempt is not None:
+                    record.unsettled = grant
+                else:
+                    await self._ledger.settle_ceiling(grant, self._tokens_used(record, grant))
             self._finish_span(span, record, request)
 
     async def _note_health(self, config: ProviderConfig, attempt: Attempt) -> None:

@@ -140,6 +140,24 @@ async def test_settling_with_the_real_usage_gives_the_difference_back(
     assert again is not None and again.granted
 
 
+async def test_finishing_a_call_releases_its_reservation_and_settles_its_grant_together(
+    replicas: tuple[PostgresLedger, PostgresLedger], new_org: str
+) -> None:
+    provider = limited(f"ceiling-{uuid.uuid4().hex[:8]}", tpm=1000)
+    request = call(f"run-{uuid.uuid4().hex[:8]}", budget=101)
+    reservation = await replicas[0].reserve_run(org_id=new_org, request=request)
+    grant = await replicas[0].take_ceiling(provider, 900)
+    assert grant is not None and grant.granted
+    with pytest.raises(RunBudgetExceeded):
+        await replicas[1].reserve_run(org_id=new_org, request=request)
+
+    await replicas[0].finish_call(reservation, grant, 50)
+
+    assert await replicas[1].reserve_run(org_id=new_org, request=request) is not None
+    again = await replicas[1].take_ceiling(provider, 900)
+    assert again is not None and again.granted
+
+
 async def test_requests_per_minute_holds_across_replicas(
     replicas: tuple[PostgresLedger, PostgresLedger],
 ) -> None:
