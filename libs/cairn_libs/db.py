@@ -10,6 +10,15 @@ file's checksum on first sight.
 The pool is created lazily and never blocks start-up: a service whose database
 is down still starts, reports NOT_SERVING, and becomes SERVING when the database
 answers and its migrations are applied.
+
+What a connection's release costs is the pool's `reset`. asyncpg's own ("session")
+sends `pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL` on every
+release: a second round trip for every statement a store runs. A service whose
+code keeps nothing in the session (transaction-scoped locks and SET LOCAL only, no
+LISTEN, cursors or session advisory locks) asks for "transaction": a transaction
+left open is still rolled back, and nothing else is sent. A service that takes a
+session advisory lock keeps "session", which releases it even when the release
+follows a cancelled unlock.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import asyncpg
 import structlog
@@ -42,6 +52,16 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.AdminShutdownError,
     asyncpg.CrashShutdownError,
 )
+
+
+# "session": asyncpg's full reset on every release (advisory locks, cursors, LISTEN,
+# settings); "transaction": only a transaction left open is rolled back.
+PoolReset = Literal["session", "transaction"]
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """The "transaction" reset. asyncpg has already rolled back any transaction the
+    connection was left in before it calls this; there is nothing more to undo."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,9 +96,16 @@ def vector_literal(values: Sequence[float]) -> str:
 
 class Database:
     def __init__(
-        self, *, url: str, schema: str, migrations: Sequence[Migration], max_size: int = 10
+        self,
+        *,
+        url: str,
+        schema: str,
+        migrations: Sequence[Migration],
+        max_size: int = 10,
+        reset: PoolReset = "session",
     ) -> None:
         self._url = url
+        self.reset: PoolReset = reset
         self.schema = schema
         self._migrations = sorted(migrations, key=lambda m: m.version)
         self._max_size = max_size
@@ -101,6 +128,7 @@ class Database:
                     max_size=self._max_size,
                     server_settings={"search_path": f"{self.schema},public"},
                     timeout=5,
+                    reset=None if self.reset == "session" else _keep_session,
                 )
             if not self._migrated:
                 await self._migrate(self._pool)
@@ -151,7 +179,14 @@ class Database:
                         name=migration.name,
                     )
             finally:
-                await conn.execute("SELECT pg_advisory_unlock($1)", lock_key)
+                try:
+                    await conn.execute("SELECT pg_advisory_unlock($1)", lock_key)
+                except BaseException:
+                    # A session that cannot say it let go must not go back to the pool
+                    # holding the lock (a "transaction" reset would keep it): closed,
+                    # it releases it.
+                    conn.terminate()
+                    raise
 
     async def _check_applied(
         self, conn: asyncpg.Connection, applied: dict[int, str | None]
