@@ -130,7 +130,11 @@ class OrchestratorApp:
     name = "orchestrator"
 
     def __init__(self, config: OrchestratorConfig) -> None:
-        self._db = Database(url=config.database_url, schema=SCHEMA, migrations=migrations())
+        # The store keeps nothing in a session (row locks and transaction-scoped
+        # advisory locks only), so a release sends nothing: one round trip a statement.
+        self._db = Database(
+            url=config.database_url, schema=SCHEMA, migrations=migrations(), reset="transaction"
+        )
         store = PostgresRunStore(self._db, lease_seconds=config.lease_seconds)
         # Upkeep (leases, recovery, expiry) runs a few times per lease.
         self._upkeep_seconds = max(config.lease_seconds / 3, 0.2)
