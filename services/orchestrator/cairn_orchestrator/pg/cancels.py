@@ -18,7 +18,7 @@ from cairn_orchestrator.pg.rows import (
     keep_copies,
     steps_arrays,
 )
-from cairn_orchestrator.pg.tx import append_step, run_in
+from cairn_orchestrator.pg.tx import append_steps, run_in
 from cairn_orchestrator.store_decisions import cancel_step
 
 
@@ -67,17 +67,7 @@ class PgCancels(PgStore):
                 confirmation, run_state=run_state, run_lease_live=run_row["lease_live"]
             )
             now: datetime = run_row["now"]
-            await conn.execute(
-                """
-                UPDATE runs SET state = 'CANCELLED', reason = $3, cancelled_by = $4,
-                       lease_until = NULL, updated_at = clock_timestamp()
-                WHERE org_id = $1 AND run_id = $2
-                """,
-                org_id,
-                run_id,
-                cancel_reason(user_id, words, effect),
-                user_id,
-            )
+            steps: list[StepRecord] = []
             if confirmation is not None and effect.write != "none":
                 if effect.new_state is not None:
                     await conn.execute(
@@ -87,10 +77,7 @@ class PgCancels(PgStore):
                         confirmation.token,
                         effect.new_state.value,
                     )
-                await append_step(
-                    conn,
-                    org_id,
-                    run_id,
+                steps.append(
                     cancel_step(
                         confirmation,
                         effect,
@@ -98,8 +85,17 @@ class PgCancels(PgStore):
                         words=words,
                         span_id=span_id,
                         now=now,
-                    ),
+                    )
                 )
+            await append_steps(
+                conn,
+                org_id,
+                run_id,
+                steps,
+                also_set="state = 'CANCELLED', reason = $4, cancelled_by = $5, "
+                "lease_until = NULL, updated_at = clock_timestamp()",
+                args=(cancel_reason(user_id, words, effect), user_id),
+            )
             return await run_in(conn, org_id, run_id)
 
     async def record_cancelled(

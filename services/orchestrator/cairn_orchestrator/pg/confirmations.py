@@ -42,7 +42,7 @@ from cairn_orchestrator.pg.rows import (
     json_text,
     run_from_row,
 )
-from cairn_orchestrator.pg.tx import append_step, expire_in, lost_in, run_in
+from cairn_orchestrator.pg.tx import append_steps, expire_in, lost_in, run_in
 from cairn_orchestrator.store_decisions import (
     claim_records,
     claimed_state,
@@ -105,7 +105,7 @@ class PgConfirmations(PgStore):
                 proposal.ttl_seconds,
             )
             detail = {**step.detail, **requested_detail(proposal, expires_at=expires_at)}
-            await append_step(conn, org_id, run_id, replace(step, detail=detail))
+            await append_steps(conn, org_id, run_id, [replace(step, detail=detail)])
             row = await conn.fetchrow(
                 RUN_WITH_PENDING + " WHERE r.org_id = $1 AND r.run_id = $2", org_id, run_id
             )
@@ -223,21 +223,16 @@ class PgConfirmations(PgStore):
             span_id=span_id,
             started_at=started_at,
         )
-        await conn.execute(
-            """
-            UPDATE runs SET state = 'RUNNING', reason = '', loop_state = $3::jsonb,
-                   lease_owner = $4, lease_until = clock_timestamp() + make_interval(secs => $5),
-                   updated_at = clock_timestamp()
-            WHERE org_id = $1 AND run_id = $2
-            """,
+        await append_steps(
+            conn,
             org_id,
             run_id,
-            json_text(loop_state.to_json()),
-            self.owner,
-            self.lease_seconds,
+            steps,
+            also_set="state = 'RUNNING', reason = '', loop_state = $4::jsonb, lease_owner = $5, "
+            "lease_until = clock_timestamp() + make_interval(secs => $6), "
+            "updated_at = clock_timestamp()",
+            args=(json_text(loop_state.to_json()), self.owner, self.lease_seconds),
         )
-        for step in steps:
-            await append_step(conn, org_id, run_id, step)
         return confirmation, loop_state
 
     async def begin_write(self, *, org_id: str, run_id: str, token: str) -> Confirmation:
@@ -304,16 +299,16 @@ class PgConfirmations(PgStore):
             if done is None:
                 raise RunTakenOver(run_id)
             if cancelled:
-                step = write_step_after_cancel(step)
+                await append_steps(conn, org_id, run_id, [write_step_after_cancel(step)])
             else:
-                await conn.execute(
-                    "UPDATE runs SET loop_state = $3::jsonb, updated_at = clock_timestamp() "
-                    "WHERE org_id = $1 AND run_id = $2",
+                await append_steps(
+                    conn,
                     org_id,
                     run_id,
-                    json_text(loop_state.to_json()),
+                    [step],
+                    also_set="loop_state = $4::jsonb, updated_at = clock_timestamp()",
+                    args=(json_text(loop_state.to_json()),),
                 )
-            await append_step(conn, org_id, run_id, step)
         return cancelled
 
     async def pending_confirmations(

@@ -191,19 +191,6 @@ def state_json(state: LoopState | None) -> str | None:
     return json_text(state.to_json()) if state is not None else None
 
 
-def step_args(step: StepRecord) -> tuple[Any, ...]:
-    return (
-        step.kind.value,
-        step.name,
-        step.span_id,
-        step.started_at,
-        step.finished_at,
-        json_text(dict(step.detail)),
-        step.error.code if step.error else None,
-        step.error.message if step.error else None,
-    )
-
-
 def steps_arrays(steps: Sequence[StepRecord]) -> tuple[list[Any], ...]:
     """The steps as parallel arrays, for one INSERT ... SELECT FROM unnest(...)."""
     return (
@@ -256,11 +243,3 @@ def copies_arrays(steps: Sequence[StepRecord]) -> tuple[list[str], list[str], li
         [c.subject_id for c in copies],
         [c.text for c in copies],
     )
-
-
-INSERT_STEP = """
-    INSERT INTO steps (run_id, seq, org_id, kind, name, span_id, started_at, finished_at,
-                       detail, error_code, error_message)
-    SELECT $2, run.step_count, $1, $3, $4, $5, $6, $7, $8::jsonb, $9, $10 FROM run
-    RETURNING *
-"""

@@ -4,13 +4,22 @@ write found no run, and ending a run whose confirmation expired."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 
 from cairn_orchestrator.domain import Confirmation, ConfirmationState, Run, StepRecord
 from cairn_orchestrator.errors import RunCancelled, RunTakenOver
-from cairn_orchestrator.pg.rows import INSERT_STEP, RUN_WITH_PENDING, run_from_row, step_args
+from cairn_orchestrator.pg.rows import (
+    RUN_WITH_PENDING,
+    copies_arrays,
+    insert_steps_from_run,
+    keep_copies,
+    run_from_row,
+    steps_arrays,
+)
 from cairn_orchestrator.store_decisions import expiry_step, why_lost
 
 
@@ -25,20 +34,32 @@ async def lost_in(
     return why_lost(run_id, state)
 
 
-async def append_step(conn: asyncpg.Connection, org_id: str, run_id: str, step: StepRecord) -> None:
+async def append_steps(
+    conn: asyncpg.Connection,
+    org_id: str,
+    run_id: str,
+    steps: Sequence[StepRecord],
+    *,
+    also_set: str = "",
+    args: Sequence[Any] = (),
+) -> None:
+    """Append `steps` after the run's step_count, with the copies they made, and
+    change the run (`also_set`: SQL assignments whose parameters are $4 onwards,
+    `args`), all in one statement: a round trip, however many steps and copies."""
+    arrays = 4 + len(args)
     await conn.execute(
-        "WITH run AS (UPDATE runs SET step_count = step_count + 1 "
-        "WHERE org_id = $1 AND run_id = $2 RETURNING step_count)" + INSERT_STEP,
+        "WITH run AS (UPDATE runs SET step_count = step_count + $3"
+        + (f", {also_set}" if also_set else "")
+        + " WHERE org_id = $1 AND run_id = $2 RETURNING run_id, org_id, step_count)"
+        + keep_copies(first=arrays + 8)
+        + insert_steps_from_run(count=3, arrays=arrays),
         org_id,
         run_id,
-        *step_args(step),
+        len(steps),
+        *args,
+        *steps_arrays(steps),
+        *copies_arrays(steps),
     )
-    if step.copies:
-        await conn.executemany(
-            "INSERT INTO held_copies (org_id, subject_kind, subject_id, run_id, copied_text) "
-            "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
-            [(org_id, c.subject_kind, c.subject_id, run_id, c.text) for c in step.copies],
-        )
 
 
 async def run_in(conn: asyncpg.Connection, org_id: str, run_id: str) -> Run:
@@ -64,19 +85,12 @@ async def expire_in(
         confirmation.token,
         new_state.value,
     )
-    await conn.execute(
-        """
-        UPDATE runs SET state = 'FAILED', reason = $3, lease_owner = NULL, lease_until = NULL,
-               updated_at = clock_timestamp()
-        WHERE org_id = $1 AND run_id = $2
-        """,
-        confirmation.org_id,
-        confirmation.run_id,
-        reason,
-    )
-    await append_step(
+    await append_steps(
         conn,
         confirmation.org_id,
         confirmation.run_id,
-        expiry_step(confirmation, reason=reason, span_id=span_id, now=now),
+        [expiry_step(confirmation, reason=reason, span_id=span_id, now=now)],
+        also_set="state = 'FAILED', reason = $4, lease_owner = NULL, lease_until = NULL, "
+        "updated_at = clock_timestamp()",
+        args=(reason,),
     )
