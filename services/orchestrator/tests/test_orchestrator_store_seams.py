@@ -17,6 +17,7 @@ from cairn_orchestrator.domain import (
     ChatMessage,
     Confirmation,
     ConfirmationCard,
+    ConfirmationProposal,
     ConfirmationState,
     LoopState,
     RunState,
@@ -26,6 +27,7 @@ from cairn_orchestrator.domain import (
     ToolCallRequest,
 )
 from cairn_orchestrator.errors import RunCancelled, RunTakenOver
+from cairn_orchestrator.pg.confirmations import PgConfirmations
 from cairn_orchestrator.pg.leases import PgLeases
 from cairn_orchestrator.pg.runs import PgRuns
 from cairn_orchestrator.postgres import SCHEMA, migrations
@@ -154,3 +156,37 @@ async def test_the_runs_store_and_the_leases_store_each_work_on_their_own(
     assert ended is not None and ended.state is RunState.FAILED
     with pytest.raises(RunTakenOver):
         await runs.record_step(org_id=org, run_id=run_id, step=step("c"), loop_state=None)
+
+
+async def test_a_write_proposed_by_a_process_that_lost_its_run_keeps_no_confirmation(
+    database: Database,
+) -> None:
+    runs = PgRuns(database, owner="holder")
+    org, run_id = f"org-{uuid.uuid4().hex[:8]}", f"run_{uuid.uuid4().hex}"
+    await runs.create_run(
+        run_id=run_id,
+        org_id=org,
+        user_id="alice",
+        agent="handbook",
+        input="hi",
+        conversation_id="",
+        earlier_turns=(),
+        trace_id="t",
+    )
+    stranger = PgConfirmations(database, owner="not-the-holder")
+    proposal = ConfirmationProposal(
+        token="c_" + uuid.uuid4().hex, call=WRITE, card=CONFIRMATION.card, ttl_seconds=600
+    )
+    with pytest.raises(RunTakenOver):
+        await stranger.request_confirmation(
+            org_id=org,
+            run_id=run_id,
+            user_id="alice",
+            proposal=proposal,
+            step=step("ask"),
+            loop_state=WAITING,
+        )
+    assert await stranger.pending_confirmations(org_id=org, user_id=None) == []
+    kept = await runs.get_run(org_id=org, run_id=run_id, user_id=None)
+    assert kept is not None and kept.state is RunState.RUNNING
+    assert await runs.list_steps(org_id=org, run_id=run_id) == []

@@ -47,6 +47,10 @@ class PgStore:
         try:
             async with self._db.pool.acquire(timeout=5) as conn:
                 yield conn
+        except StoreUnavailable:
+            # The store's own answer from inside a transaction (RunTakenOver from a
+            # fence) is already what it means: not an outage to wrap again.
+            raise
         except asyncpg.DataError as exc:
             # A value PostgreSQL will not take (text it cannot encode, a number out of
             # range) is not an outage: retrying the same request cannot help.

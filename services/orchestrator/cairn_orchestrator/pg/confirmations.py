@@ -65,14 +65,24 @@ class PgConfirmations(PgStore):
         resume from, and put the run at rest waiting for its person: all or nothing."""
         usage = loop_state.usage
         async with self._connection() as conn, conn.transaction():
-            parked = await conn.fetchval(
+            # The run is parked and the write kept in one statement: no confirmation
+            # row unless this process still held the run.
+            expires_at: datetime | None = await conn.fetchval(
                 """
-                UPDATE runs SET state = 'CONFIRMATION_PENDING', loop_state = $3::jsonb,
-                       current_confirmation = $4, lease_owner = NULL, lease_until = NULL,
-                       prompt_tokens = $6, completion_tokens = $7, total_tokens = $8,
-                       model_calls = $9, updated_at = clock_timestamp()
-                WHERE org_id = $1 AND run_id = $2 AND state = 'RUNNING' AND lease_owner = $5
-                RETURNING run_id
+                WITH parked AS (
+                    UPDATE runs SET state = 'CONFIRMATION_PENDING', loop_state = $3::jsonb,
+                           current_confirmation = $4, lease_owner = NULL, lease_until = NULL,
+                           prompt_tokens = $6, completion_tokens = $7, total_tokens = $8,
+                           model_calls = $9, updated_at = clock_timestamp()
+                    WHERE org_id = $1 AND run_id = $2 AND state = 'RUNNING' AND lease_owner = $5
+                    RETURNING run_id
+                )
+                INSERT INTO confirmations (confirmation_token, org_id, run_id, user_id, tool_name,
+                                           tool_call_id, arguments_json, card, state, expires_at)
+                SELECT $4, $1, parked.run_id, $10, $11, $12, $13, $14::jsonb, 'PENDING',
+                       clock_timestamp() + make_interval(secs => $15)
+                FROM parked
+                RETURNING expires_at
                 """,
                 org_id,
                 run_id,
@@ -83,20 +93,6 @@ class PgConfirmations(PgStore):
                 usage.completion_tokens,
                 usage.total_tokens,
                 usage.model_calls,
-            )
-            if parked is None:
-                raise await lost_in(conn, org_id, run_id)
-            expires_at: datetime = await conn.fetchval(
-                """
-                INSERT INTO confirmations (confirmation_token, org_id, run_id, user_id, tool_name,
-                                           tool_call_id, arguments_json, card, state, expires_at)
-                VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb, 'PENDING',
-                        clock_timestamp() + make_interval(secs => $9))
-                RETURNING expires_at
-                """,
-                proposal.token,
-                org_id,
-                run_id,
                 user_id,
                 proposal.call.name,
                 proposal.call.id,
@@ -104,6 +100,8 @@ class PgConfirmations(PgStore):
                 json_text(proposal.card.to_json()),
                 proposal.ttl_seconds,
             )
+            if expires_at is None:
+                raise await lost_in(conn, org_id, run_id)
             detail = {**step.detail, **requested_detail(proposal, expires_at=expires_at)}
             await append_steps(conn, org_id, run_id, [replace(step, detail=detail)])
             row = await conn.fetchrow(
@@ -126,24 +124,23 @@ class PgConfirmations(PgStore):
         the confirmation and its run, so two resolutions at once serialise here and
         exactly one of them claims the run."""
         async with self._connection() as conn, conn.transaction():
-            run_id = await conn.fetchval(
-                "SELECT run_id FROM confirmations WHERE org_id = $1 AND confirmation_token = $2",
-                org_id,
-                token,
-            )
-            if run_id is None:
-                return ResolutionRecord(Refuse())
             # Locks are always taken run first, then confirmation (as begin_write and
-            # record_write do), so concurrent resolutions and executions never deadlock.
+            # record_write do), so concurrent resolutions and executions never deadlock:
+            # this statement finds the confirmation's run and locks the run alone.
             run_row = await conn.fetchrow(
                 """
                 SELECT state, loop_state, coalesce(lease_until > clock_timestamp(), false) AS lease_live,
                        clock_timestamp() AS now
-                FROM runs WHERE org_id = $1 AND run_id = $2 FOR UPDATE
+                FROM runs WHERE org_id = $1 AND run_id = (
+                    SELECT run_id FROM confirmations WHERE org_id = $1 AND confirmation_token = $2
+                )
+                FOR UPDATE
                 """,
                 org_id,
-                run_id,
+                token,
             )
+            if run_row is None:
+                return ResolutionRecord(Refuse())
             conf_row = await conn.fetchrow(
                 "SELECT * FROM confirmations WHERE org_id = $1 AND confirmation_token = $2 FOR UPDATE",
                 org_id,
