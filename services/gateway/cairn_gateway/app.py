@@ -78,6 +78,15 @@ def load_config(env: Mapping[str, str]) -> GatewayConfig:
     return parse_config(text, source=path)
 
 
+def gateway_database(url: str) -> Database:
+    """The gateway's schema. Nothing the gateway does lives in a session (its advisory
+    locks are transaction-scoped, its settings SET LOCAL), so a connection going back
+    to the pool costs no round trip of its own (the "transaction" reset)."""
+    return Database(
+        url=url, schema=SCHEMA, migrations=load_migrations(MIGRATIONS), reset="transaction"
+    )
+
+
 def build_providers(
     config: GatewayConfig, env: Mapping[str, str]
 ) -> tuple[list[ChatProvider], list[UnusableProvider]]:
@@ -165,7 +174,7 @@ class GatewayApp:
         return cls(
             config=load_config(env),
             env=env,
-            db=Database(url=database_url(), schema=SCHEMA, migrations=load_migrations(MIGRATIONS)),
+            db=gateway_database(database_url()),
         )
 
     def register(self, server: grpc.aio.Server) -> Sequence[str]:

@@ -11,17 +11,17 @@ from typing import Any
 import asyncpg
 import pytest
 
-from cairn_gateway.app import MIGRATIONS, SCHEMA
+from cairn_gateway.app import SCHEMA, gateway_database
 from cairn_gateway.config import ProviderConfig
 from cairn_gateway.domain import ChatMessage, ChatRequest
 from cairn_gateway.errors import LedgerUnavailable, RunBudgetExceeded
 from cairn_gateway.ledger import CeilingGrant
 from cairn_gateway.postgres import PostgresLedger
-from cairn_libs.db import Database, load_migrations
+from cairn_libs.db import Database
 
 
 async def _database(url: str) -> Database:
-    db = Database(url=url, schema=SCHEMA, migrations=load_migrations(MIGRATIONS))
+    db = gateway_database(url)
     assert await db.ready()
     return db
 
@@ -32,6 +32,10 @@ async def replicas(pg_url: str) -> AsyncIterator[tuple[PostgresLedger, PostgresL
     yield PostgresLedger(first), PostgresLedger(second)
     await first.close()
     await second.close()
+
+
+def test_the_gateways_database_sends_nothing_on_release_but_a_rollback() -> None:
+    assert gateway_database("postgresql://unused").reset == "transaction"
 
 
 def call(run_id: str, *, budget: int, max_tokens: int = 100) -> ChatRequest:
