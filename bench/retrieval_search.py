@@ -65,7 +65,7 @@ from cairn_libs.db import Database, load_migrations
 from cairn_libs.embedding import LOCAL_DIMENSIONS, Embedder, LocalOnnxEmbedder
 from cairn_libs.identity import Principal
 from cairn_libs.stack import start_embedded_postgres
-from cairn_retrieval.app import MIGRATIONS, SCHEMA
+from cairn_retrieval.app import MIGRATIONS, POOL_RESET, SCHEMA
 from cairn_retrieval.domain import (
     DocumentAcl,
     IncomingDocument,
@@ -777,7 +777,9 @@ async def run_retrieval(*, quick: bool = False) -> list[Figure]:
     # The service's per-document log lines would drown the progress lines.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     pg_url = start_embedded_postgres(STATE / "pg")
-    db = Database(url=pg_url, schema=SCHEMA, migrations=load_migrations(MIGRATIONS))
+    db = Database(
+        url=pg_url, schema=SCHEMA, migrations=load_migrations(MIGRATIONS), reset=POOL_RESET
+    )
     if not await db.ready():
         raise RuntimeError(f"the benchmark database at {pg_url} did not answer")
     embedder = LocalOnnxEmbedder(threads=2)

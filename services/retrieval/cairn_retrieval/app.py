@@ -18,7 +18,7 @@ import grpc
 import structlog
 
 from cairn.retrieval.v1 import retrieval_pb2_grpc
-from cairn_libs.db import Database, database_url, load_migrations
+from cairn_libs.db import Database, PoolReset, database_url, load_migrations
 from cairn_libs.embed_cache import cached
 from cairn_libs.embedding import LOCAL_DIMENSIONS, LOCAL_MODEL_ID, Embedder
 from cairn_libs.settings import positive_whole_number
@@ -49,6 +49,10 @@ log = structlog.get_logger(__name__)
 SCHEMA = "retrieval"
 DEFAULT_COLLECTION = "cairn_chunks"
 MIGRATIONS = Path(__file__).parent / "migrations"
+# Nothing of retrieval's stays in a session past its use: SET LOCAL only, and the
+# per-document lock is released by its session or closes it (postgres.document_writes),
+# so a release sends nothing but the rollback of a transaction left open.
+POOL_RESET: PoolReset = "transaction"
 
 
 class RetrievalApp:
@@ -206,7 +210,10 @@ def app_from_env() -> RetrievalApp:
     dimensions = embedder.dimensions if embedder is not None else LOCAL_DIMENSIONS
     return RetrievalApp(
         database=Database(
-            url=database_url(), schema=SCHEMA, migrations=load_migrations(MIGRATIONS)
+            url=database_url(),
+            schema=SCHEMA,
+            migrations=load_migrations(MIGRATIONS),
+            reset=POOL_RESET,
         ),
         vectors=vector_store_from_env(dimensions=dimensions),
         embedder=embedder,

@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
 
+from cairn_retrieval.app import app_from_env
 from cairn_retrieval.postgres.document_writes import PostgresDocumentWrites
 
 
@@ -76,3 +78,31 @@ async def test_a_cancelled_unlock_closes_the_session_so_the_document_lock_goes_w
     async with asyncio.timeout(10):
         async with one_connection_pool.acquire() as conn:
             assert await conn.fetchval("SELECT 1") == 1
+
+
+async def test_the_service_pool_keeps_sessions_and_a_document_lock_still_ends_with_its_session(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", pg_url)
+    monkeypatch.setenv("CAIRN_EMBEDDER", "none")
+    monkeypatch.delenv("CAIRN_RETRIEVAL_EMBEDDER", raising=False)
+    monkeypatch.delenv("QDRANT_URL", raising=False)
+    monkeypatch.setenv("CAIRN_QDRANT_PATH", str(tmp_path / "qdrant"))
+    app = app_from_env()
+    try:
+        # No reset on release: what a session keeps is the service's to undo.
+        assert app.database.reset == "transaction"
+        assert await app.database.ready()
+        writes = PostgresDocumentWrites(app.database)
+        org_id = f"org-{uuid.uuid4().hex[:8]}"
+        for _ in range(2):
+            async with writes.document_session(org_id, "handbook.md"):
+                pass
+        other = await asyncpg.connect(pg_url)
+        try:
+            key = f"retrieval\x1f{org_id}\x1fhandbook.md"
+            assert await other.fetchval("SELECT pg_try_advisory_lock(hashtextextended($1, 0))", key)
+        finally:
+            await other.close()
+    finally:
+        await app.stop()
