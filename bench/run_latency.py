@@ -26,6 +26,7 @@ from bench.pg_round_trips import counting_proxy
 from cairn.orchestrator.v1 import orchestrator_pb2, orchestrator_pb2_grpc
 from cairn.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
 from cairn_libs.clients import call_metadata, channel
+from cairn_libs.db import Database, PoolReset
 from cairn_libs.demo_corpus import handbook_documents, load_handbook
 from cairn_libs.identity import generate_dev_keypair
 from cairn_libs.stack import (
@@ -111,6 +112,45 @@ async def run_orchestration(*, quick: bool = False) -> list[Figure]:
         Figure("run.sustained.runs_per_second", completed / elapsed, "runs/s", sustained),
         Figure("run.sustained.errors", float(errors), "runs", sustained),
         trips,
+        *await _pooled_statement_cost(rounds=2 if quick else 5),
+    ]
+
+
+async def _pooled_statement_cost(*, rounds: int) -> list[Figure]:
+    """What one store statement costs through a pool (acquire, a one-row query,
+    release) under each of db.py's resets, alternating so load falls on both alike."""
+    pg_url = start_embedded_postgres(STATE / "pg")
+    schema = "bench_pool_reset"
+    resets: tuple[PoolReset, ...] = ("session", "transaction")
+    pools = {
+        reset: Database(url=pg_url, schema=schema, migrations=[], max_size=1, reset=reset)
+        for reset in resets
+    }
+    samples: dict[PoolReset, list[float]] = {reset: [] for reset in resets}
+    try:
+        for database in pools.values():
+            if not await database.ready():
+                raise RuntimeError(f"the bench PostgreSQL at {pg_url!r} did not answer")
+        for _ in range(rounds):
+            for reset, database in pools.items():
+                for i in range(400):
+                    started = time.perf_counter()
+                    async with database.pool.acquire() as conn:
+                        await conn.fetchval("SELECT $1::int", i)
+                    samples[reset].append((time.perf_counter() - started) * 1000)
+    finally:
+        for database in pools.values():
+            await database.close()
+    parameters = {"statements": 400 * rounds, "alternating_rounds": rounds}
+    return [
+        Figure(
+            f"run.postgres.pooled_statement.p{q}.{reset}_reset",
+            percentile(samples[reset], q),
+            "ms",
+            parameters,
+        )
+        for reset in resets
+        for q in (50, 99)
     ]
 
 
