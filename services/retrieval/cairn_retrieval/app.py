@@ -10,6 +10,7 @@ logs when its state changes.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -120,6 +121,7 @@ class RetrievalApp:
             language=self._analyzers.default.language,
             chunking=self._budget.name,
         )
+        freeze_start_up_heap()
 
     async def ready(self) -> bool:
         database_ok = await self.database.ready()
@@ -140,6 +142,15 @@ class RetrievalApp:
             await self.embedder.close()
         await self.vectors.close()
         await self.database.close()
+
+
+def freeze_start_up_heap() -> None:
+    """Leave what start-up loaded (modules, the model's session and vocabulary,
+    descriptors) out of every later garbage collection. A full collection walks
+    every tracked object; at 10k chunks the search bench saw one stop a search for
+    192 ms, where the searches themselves allocate little that lives."""
+    gc.collect()
+    gc.freeze()
 
 
 def vector_store_from_env(*, dimensions: int) -> VectorStore:
