@@ -34,6 +34,14 @@ class Ledger(Protocol):
 
     async def release_run(self, reservation_id: str) -> None: ...
 
+    async def begin_call(
+        self, *, org_id: str, request: ChatRequest, provider: ProviderConfig | None, tokens: int
+    ) -> tuple[str | None, CeilingGrant | None]:
+        """reserve_run, then take_ceiling(provider, tokens) for the first attempt
+        when one is named, in one round trip where both apply; the ceiling is never
+        taken for a call the run refuses."""
+        ...
+
     async def take_ceiling(self, provider: ProviderConfig, tokens: int) -> CeilingGrant | None:
         """None when the provider has no ceiling; otherwise granted or refused."""
         ...
@@ -59,6 +67,11 @@ class NoLedger:
 
     async def release_run(self, reservation_id: str) -> None:
         return None
+
+    async def begin_call(
+        self, *, org_id: str, request: ChatRequest, provider: ProviderConfig | None, tokens: int
+    ) -> tuple[str | None, CeilingGrant | None]:
+        return await self.reserve_run(org_id=org_id, request=request), None
 
     async def take_ceiling(self, provider: ProviderConfig, tokens: int) -> CeilingGrant | None:
         return None

@@ -62,24 +62,37 @@ class PostgresLedger:
             async with self._db.pool.acquire() as conn:
                 row = await conn.fetchrow(
                     "SELECT reservation_id, in_flight FROM reserve_run_tokens($1, $2, $3, $4, $5, $6)",
-                    f"gateway-run:{org_id}:{request.run_id}",
-                    org_id,
-                    request.run_id,
-                    needed,
-                    request.remaining_budget_tokens,
-                    float(RESERVATION_TTL_SECONDS),
+                    *_reservation_args(org_id, request, needed),
                 )
         except _DB_ERRORS as exc:
-            raise LedgerUnavailable(
-                f"cannot reserve run {request.run_id!r}'s budget: the gateway database "
-                f"is unreachable ({type(exc).__name__})"
-            ) from exc
-        # Refused under the lock: the pure check words it with what was in flight.
-        check_run_budget(request, reserved_in_flight=int(row["in_flight"]))
-        reservation: str | None = row["reservation_id"]
-        if reservation is None:
-            raise AssertionError("the ledger refused a reservation check_run_budget allows")
-        return reservation
+            raise _reservation_unavailable(request, exc) from exc
+        return _reservation(row, request)
+
+    async def begin_call(
+        self, *, org_id: str, request: ChatRequest, provider: ProviderConfig | None, tokens: int
+    ) -> tuple[str | None, CeilingGrant | None]:
+        if (
+            provider is None
+            or not provider.has_ceiling
+            or request.remaining_budget_tokens is None
+            or not request.run_id
+        ):
+            reservation = await self.reserve_run(org_id=org_id, request=request)
+            grant = None if provider is None else await self.take_ceiling(provider, tokens)
+            return reservation, grant
+        needed = check_run_budget(request)
+        try:
+            async with self._db.pool.acquire() as conn:
+                row = await conn.fetchrow(
+                    "SELECT reservation_id, in_flight, epoch_seconds, used_tokens, "
+                    "used_requests, bucket_start, granted FROM begin_call("
+                    "$1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                    *_reservation_args(org_id, request, needed),
+                    *_ceiling_args(provider, tokens),
+                )
+        except _DB_ERRORS as exc:
+            raise _reservation_unavailable(request, exc) from exc
+        return _reservation(row, request), _grant(row, provider, tokens)
 
     async def release_run(self, reservation_id: str) -> None:
         try:
@@ -97,14 +110,7 @@ class PostgresLedger:
                 row = await conn.fetchrow(
                     "SELECT epoch_seconds, used_tokens, used_requests, bucket_start, granted "
                     "FROM take_ceiling($1, $2, $3, $4, $5, $6, $7, $8)",
-                    f"gateway-ceiling:{provider.name}",
-                    provider.name,
-                    tokens,
-                    provider.tokens_per_minute,
-                    provider.requests_per_minute,
-                    CEILING_BUCKET_SECONDS,
-                    CEILING_WINDOW_SECONDS + CEILING_SEND_ALLOWANCE_SECONDS,
-                    CEILING_RETENTION_SECONDS,
+                    *_ceiling_args(provider, tokens),
                 )
         except _DB_ERRORS as exc:
             # Fail closed: a ceiling that cannot be checked is not a ceiling.
@@ -115,23 +121,7 @@ class PostgresLedger:
                 granted=False,
                 detail=f"ceiling state unreachable ({type(exc).__name__}); not sent",
             )
-        granted = bool(row["granted"])
-        # The grant is what was written under the lock; the words are the pure check's.
-        check = check_ceiling(
-            provider=provider,
-            tokens=tokens,
-            used_tokens=int(row["used_tokens"]),
-            used_requests=int(row["used_requests"]),
-            epoch_seconds=float(row["epoch_seconds"]),
-        )
-        return CeilingGrant(
-            provider=provider.name,
-            bucket_start=int(row["bucket_start"]),
-            tokens=tokens if granted else 0,
-            granted=granted,
-            detail="" if granted else check.detail,
-            retry_after_seconds=None if granted else check.retry_after_seconds,
-        )
+        return _grant(row, provider, tokens)
 
     async def settle_ceiling(self, grant: CeilingGrant, used_tokens: int) -> None:
         if not grant.granted or used_tokens == grant.tokens:
@@ -229,3 +219,63 @@ class PostgresCooldowns:
             )
             for row in rows
         ]
+
+
+def _reservation_args(org_id: str, request: ChatRequest, needed: int) -> tuple[object, ...]:
+    return (
+        f"gateway-run:{org_id}:{request.run_id}",
+        org_id,
+        request.run_id,
+        needed,
+        request.remaining_budget_tokens,
+        float(RESERVATION_TTL_SECONDS),
+    )
+
+
+def _reservation_unavailable(request: ChatRequest, exc: BaseException) -> LedgerUnavailable:
+    return LedgerUnavailable(
+        f"cannot reserve run {request.run_id!r}'s budget: the gateway database "
+        f"is unreachable ({type(exc).__name__})"
+    )
+
+
+def _reservation(row: asyncpg.Record, request: ChatRequest) -> str:
+    # Refused under the lock: the pure check words it with what was in flight.
+    check_run_budget(request, reserved_in_flight=int(row["in_flight"]))
+    reservation: str | None = row["reservation_id"]
+    if reservation is None:
+        raise AssertionError("the ledger refused a reservation check_run_budget allows")
+    return reservation
+
+
+def _ceiling_args(provider: ProviderConfig, tokens: int) -> tuple[object, ...]:
+    return (
+        f"gateway-ceiling:{provider.name}",
+        provider.name,
+        tokens,
+        provider.tokens_per_minute,
+        provider.requests_per_minute,
+        CEILING_BUCKET_SECONDS,
+        CEILING_WINDOW_SECONDS + CEILING_SEND_ALLOWANCE_SECONDS,
+        CEILING_RETENTION_SECONDS,
+    )
+
+
+def _grant(row: asyncpg.Record, provider: ProviderConfig, tokens: int) -> CeilingGrant:
+    granted = bool(row["granted"])
+    # The grant is what was written under the lock; the words are the pure check's.
+    check = check_ceiling(
+        provider=provider,
+        tokens=tokens,
+        used_tokens=int(row["used_tokens"]),
+        used_requests=int(row["used_requests"]),
+        epoch_seconds=float(row["epoch_seconds"]),
+    )
+    return CeilingGrant(
+        provider=provider.name,
+        bucket_start=int(row["bucket_start"]),
+        tokens=tokens if granted else 0,
+        granted=granted,
+        detail="" if granted else check.detail,
+        retry_after_seconds=None if granted else check.retry_after_seconds,
+    )

@@ -154,7 +154,15 @@ class Router:
             )
         deadline = None if time_limit is None else time.monotonic() + time_limit
         routes = plan_routes(self._configs, request, unusable=self._unusable)
-        reservation = await self._ledger.reserve_run(org_id=org_id, request=request)
+        # The run's reservation and the first provider's ceiling in one step; a
+        # provider cooling down is not asked (its turn will be a skip).
+        first = self._providers[routes[0].provider].config
+        reservation, taken = await self._ledger.begin_call(
+            org_id=org_id,
+            request=request,
+            provider=first if self._cooldowns.cooling(first.name) is None else None,
+            tokens=tokens_needed(request),
+        )
         try:
             attempts: list[Attempt] = []
             content_sent = False
@@ -164,6 +172,10 @@ class Router:
                 while True:
                     skipped = self._skip_if_cooling(provider.config, route, request)
                     record = _AttemptRecord(attempt=skipped)
+                    pretaken, taken = taken, None
+                    if skipped is not None and pretaken is not None:
+                        # It began cooling while its ceiling was taken: give that back.
+                        await self._ledger.settle_ceiling(pretaken, 0)
                     if skipped is None:
                         async with aclosing(
                             self._attempt(
@@ -174,6 +186,7 @@ class Router:
                                 record,
                                 timeout_seconds=_attempt_timeout(provider.config, deadline),
                                 retry_number=retries,
+                                pretaken=pretaken,
                             )
                         ) as deltas:
                             async for delta in deltas:
@@ -262,6 +275,7 @@ class Router:
         *,
         timeout_seconds: float,
         retry_number: int,
+        pretaken: CeilingGrant | None = None,
     ) -> AsyncGenerator[ContentDelta, None]:
         """One try against one provider; fills `record` with the attempt (and the
         completion on success) instead of raising for a provider failure."""
@@ -285,9 +299,10 @@ class Router:
                 )
             )
         started = time.perf_counter()
-        grant: CeilingGrant | None = None
+        grant = pretaken
         try:
-            grant = await self._ledger.take_ceiling(config, tokens_needed(request))
+            if grant is None:
+                grant = await self._ledger.take_ceiling(config, tokens_needed(request))
             if grant is not None and not grant.granted:
                 raise AttemptFailed(
                     Outcome.REFUSED_CEILING,

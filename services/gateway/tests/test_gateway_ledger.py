@@ -162,6 +162,38 @@ async def test_finishing_a_call_releases_its_reservation_and_settles_its_grant_t
     assert again is not None and again.granted
 
 
+async def test_beginning_a_call_reserves_its_run_and_takes_its_first_ceiling_together(
+    replicas: tuple[PostgresLedger, PostgresLedger], new_org: str
+) -> None:
+    provider = limited(f"ceiling-{uuid.uuid4().hex[:8]}", tpm=1000)
+    request = call(f"run-{uuid.uuid4().hex[:8]}", budget=101)
+
+    reservation, grant = await replicas[0].begin_call(
+        org_id=new_org, request=request, provider=provider, tokens=900
+    )
+
+    assert reservation is not None and grant is not None and grant.granted
+    with pytest.raises(RunBudgetExceeded, match="101 are reserved"):
+        await replicas[1].reserve_run(org_id=new_org, request=request)
+    refused = await replicas[1].take_ceiling(provider, 200)
+    assert refused is not None and not refused.granted
+    assert refused.detail == "900 of 1000 tokens/minute used; 200 more would pass the ceiling"
+
+
+async def test_a_call_its_run_cannot_afford_takes_nothing_from_the_ceiling(
+    replicas: tuple[PostgresLedger, PostgresLedger], new_org: str
+) -> None:
+    provider = limited(f"ceiling-{uuid.uuid4().hex[:8]}", tpm=1000, rpm=1)
+    request = call(f"run-{uuid.uuid4().hex[:8]}", budget=101)
+    await replicas[0].reserve_run(org_id=new_org, request=request)
+
+    with pytest.raises(RunBudgetExceeded):
+        await replicas[1].begin_call(org_id=new_org, request=request, provider=provider, tokens=900)
+
+    whole = await replicas[0].take_ceiling(provider, 1000)
+    assert whole is not None and whole.granted
+
+
 async def test_requests_per_minute_holds_across_replicas(
     replicas: tuple[PostgresLedger, PostgresLedger],
 ) -> None:
