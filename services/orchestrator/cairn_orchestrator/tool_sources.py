@@ -16,10 +16,10 @@ anything cairn's own services would accept as cairn: the actor token beside the
 caller's, and the token the listing is made with, are minted for the audience
 `cairn-tools`, which no cairn service accepts.
 
-Why pydantic for this part of the spec and hand-written checks for the rest: a
-tool import is a nested structure (per tool, per language) where hand-written
-checks would be most of the module; the models refuse unknown keys and wrong
-types with the path of the bad value, which the loader turns into the same
+Like the rest of the spec (specs.py), a tool import is declared as pydantic
+models: a nested structure (per tool, per language) where hand-written checks
+would be most of the module; the models refuse unknown keys and wrong types with
+the path of the bad value, which the loader turns into the same
 `file: field 'x': problem` message as every other spec error.
 """
 
