@@ -10,7 +10,7 @@ only run statements and nothing about a run's meaning hides in SQL code.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from cairn_orchestrator.confirmations import (
@@ -34,6 +34,30 @@ ERASED_WRITE_REASON = (
     "the write this run waited on was about a subject whose records were "
     "erased, so it was abandoned unapproved and nothing was written"
 )
+
+
+@dataclass(frozen=True, slots=True)
+class WriteAfterErasure:
+    """What becomes of a proposed write that held a copy of an erased subject's text:
+    the state it takes, whether it was abandoned, and, when its run waited on it,
+    why the run ends CANCELLED (None: the run is left as it is)."""
+
+    state: ConfirmationState
+    abandoned: bool
+    run_reason: str | None
+
+
+def write_after_erasure(state: ConfirmationState, *, waited_on: bool) -> WriteAfterErasure:
+    """A write about the erased subject that nobody approved yet is never made:
+    approving it now would keep the tombstone, or worse, bring the text back. One
+    already decided keeps its state (its copies are erased all the same)."""
+    if state is not ConfirmationState.PENDING:
+        return WriteAfterErasure(state, abandoned=False, run_reason=None)
+    return WriteAfterErasure(
+        ConfirmationState.ABANDONED,
+        abandoned=True,
+        run_reason=ERASED_WRITE_REASON if waited_on else None,
+    )
 
 
 def why_lost(run_id: str, state: str | None) -> RunTakenOver | RunCancelled:

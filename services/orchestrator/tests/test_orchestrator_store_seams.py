@@ -37,6 +37,7 @@ from cairn_orchestrator.store_decisions import (
     claimed_state,
     expiry_step,
     why_lost,
+    write_after_erasure,
     write_step_after_cancel,
 )
 from cairn_orchestrator.tools import DENIED
@@ -109,6 +110,17 @@ def test_a_fenced_write_that_found_no_run_was_cancelled_only_when_the_run_says_s
     assert isinstance(why_lost("run_1", "CANCELLED"), RunCancelled)
     assert isinstance(why_lost("run_1", "RUNNING"), RunTakenOver)
     assert isinstance(why_lost("run_1", None), RunTakenOver)
+
+
+def test_an_erasure_abandons_only_an_undecided_write_and_ends_only_the_run_waiting_on_it() -> None:
+    waiting = write_after_erasure(ConfirmationState.PENDING, waited_on=True)
+    assert waiting.state is ConfirmationState.ABANDONED and waiting.abandoned
+    assert waiting.run_reason is not None and "erased" in waiting.run_reason
+    elsewhere = write_after_erasure(ConfirmationState.PENDING, waited_on=False)
+    assert elsewhere.abandoned and elsewhere.run_reason is None
+    for decided in (ConfirmationState.APPROVED, ConfirmationState.EXECUTED):
+        kept = write_after_erasure(decided, waited_on=True)
+        assert (kept.state, kept.abandoned, kept.run_reason) == (decided, False, None)
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,16 @@ import json
 
 import asyncpg
 
-from cairn_orchestrator.domain import SUBJECT_KINDS, MemorySubject, SubjectKindName
+from cairn_orchestrator.domain import (
+    SUBJECT_KINDS,
+    ConfirmationState,
+    MemorySubject,
+    SubjectKindName,
+)
 from cairn_orchestrator.erasure import ORG_WIDE_MIN_CHARS, ErasedCopies, Eraser, search_forms
 from cairn_orchestrator.pg.base import PgStore
 from cairn_orchestrator.pg.rows import json_text
-from cairn_orchestrator.store_decisions import ERASED_WRITE_REASON
+from cairn_orchestrator.store_decisions import write_after_erasure
 
 
 def _subject_kind(name: str) -> SubjectKindName:
@@ -181,14 +186,15 @@ class PgCopies(PgStore):
             ):
                 continue
             changed = True
-            # A write about the erased subject that nobody approved yet is never made:
-            # approving it now would keep the tombstone, or worse, bring the text back.
-            pending = confirmation["state"] == "PENDING"
-            abandoned += pending
+            erasure = write_after_erasure(
+                ConfirmationState(confirmation["state"]),
+                waited_on=run["state"] == "CONFIRMATION_PENDING"
+                and run["current_confirmation"] == confirmation["confirmation_token"],
+            )
+            abandoned += erasure.abandoned
             await conn.execute(
                 "UPDATE confirmations SET arguments_json = $3, card = $4::jsonb, "
-                "result = $5::jsonb, note = $6, "
-                "state = CASE WHEN state = 'PENDING' THEN 'ABANDONED' ELSE state END "
+                "result = $5::jsonb, note = $6, state = $7 "
                 "WHERE org_id = $1 AND confirmation_token = $2",
                 org_id,
                 confirmation["confirmation_token"],
@@ -196,18 +202,15 @@ class PgCopies(PgStore):
                 card,
                 result,
                 note,
+                erasure.state.value,
             )
-            if (
-                pending
-                and run["state"] == "CONFIRMATION_PENDING"
-                and run["current_confirmation"] == confirmation["confirmation_token"]
-            ):
+            if erasure.run_reason is not None:
                 await conn.execute(
                     "UPDATE runs SET state = 'CANCELLED', current_confirmation = NULL, "
                     "reason = $3, updated_at = clock_timestamp() "
                     "WHERE org_id = $1 AND run_id = $2",
                     org_id,
                     run_id,
-                    ERASED_WRITE_REASON,
+                    erasure.run_reason,
                 )
         return int(changed), abandoned
