@@ -27,7 +27,7 @@ _KEPT_BEST = """
         SELECT chunk_no, term, s,
                dense_rank() OVER (ORDER BY part DESC, chunk_no) AS place
         FROM partial
-        WHERE part + $10::float8 >= $11::float8
+        WHERE part + $11::float8 >= $12::float8
     ) ranked
     WHERE place <= $13::int
 """
@@ -147,11 +147,22 @@ class PostgresSearchReads:
     ) -> dict[str, float]:
         """Full scores of the chunks `plan` admits, cut to the best `limit` and
         anything tied with the last of them (the caller breaks ties by id)."""
-        kept = (
-            _KEPT_BEST
-            if plan.best_partial is not None
-            else "SELECT chunk_no, term, s FROM partial WHERE part + $10::float8 >= $11::float8"
-        )
+        # A pass with no floor keeps every chunk it reads: it skips the window (a
+        # sort and a pass over every posting read, a third of a large exhaustive
+        # pass) and sends no pruning parameters.
+        bounds = [
+            plan.rest_bound if math.isfinite(plan.rest_bound) else 1e300,
+            plan.floor if math.isfinite(plan.floor) else -1e300,
+        ]
+        pruning: list[float | int] = []
+        if plan.best_partial is not None:
+            kept = _KEPT_BEST
+            pruning = [*bounds, plan.best_partial]
+        elif plan.prunes:
+            kept = "SELECT chunk_no, term, s FROM partial WHERE part + $11::float8 >= $12::float8"
+            pruning = bounds
+        else:
+            kept = "SELECT chunk_no, term, s FROM essential"
         rows = await conn.fetch(
             f"""
             WITH weight AS (
@@ -199,7 +210,7 @@ class PostgresSearchReads:
             ),
             cutoff AS (
                 SELECT min(score) AS score FROM (
-                    SELECT score FROM scored ORDER BY score DESC LIMIT $12
+                    SELECT score FROM scored ORDER BY score DESC LIMIT $10
                 ) best
             )
             SELECT c.chunk_id, s.score
@@ -216,10 +227,8 @@ class PostgresSearchReads:
             stats.average_length,
             list(plan.essential),
             list(plan.rest),
-            plan.rest_bound if math.isfinite(plan.rest_bound) else 1e300,
-            plan.floor if math.isfinite(plan.floor) else -1e300,
             limit,
-            *([plan.best_partial] if plan.best_partial is not None else []),
+            *pruning,
         )
         return {r["chunk_id"]: float(r["score"]) for r in rows}
 
