@@ -86,6 +86,12 @@ class TokenVerifier:
     # the rest of a gateway call's own work; a hit still checks expiry.
     _verified: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        # A PEM key is parsed once, here, not by PyJWT on every token it checks
+        # (a fresh token on every call paid that parse twice per gateway call).
+        if isinstance(self.key, str | bytes):
+            self.key = _public_key(self.key)
+
     @classmethod
     def from_env(cls) -> TokenVerifier:
         issuer = os.environ.get("CAIRN_JWT_ISSUER", DEFAULT_ISSUER)
@@ -108,7 +114,13 @@ class TokenVerifier:
                 f"CAIRN_JWT_PUBLIC_KEY_FILE={key_file!r} cannot be read ({exc.strerror}); "
                 "point it at a PEM public key"
             ) from None
-        return cls(key=key, issuer=issuer, audience=audience)
+        try:
+            return cls(key=key, issuer=issuer, audience=audience)
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"CAIRN_JWT_PUBLIC_KEY_FILE={key_file!r} is not a PEM public key ({exc}); "
+                "point it at one (EdDSA, RSA or EC)"
+            ) from None
 
     def _decode(self, token: str) -> dict[str, Any]:
         claims = self._verified.get(token)
@@ -324,3 +336,8 @@ def generate_dev_keypair(directory: Path) -> tuple[Path, Path]:
             )
         )
     return private_path, public_path
+
+
+def _public_key(pem: str | bytes) -> Any:
+    """A PEM public key as the key object PyJWT verifies with; ValueError if it is not one."""
+    return serialization.load_pem_public_key(pem.encode() if isinstance(pem, str) else pem)

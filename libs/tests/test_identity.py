@@ -170,3 +170,25 @@ def test_a_missing_public_key_file_is_a_configuration_error_naming_the_file(
 
     with pytest.raises(ConfigurationError, match="nowhere.pem"):
         TokenVerifier.from_env()
+
+
+def test_a_key_file_that_is_not_a_pem_public_key_stops_start_up_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bad = tmp_path / "public.pem"
+    bad.write_text("not a key\n")
+    monkeypatch.setenv("CAIRN_JWT_PUBLIC_KEY_FILE", str(bad))
+    monkeypatch.delenv("CAIRN_JWT_JWKS_URL", raising=False)
+    with pytest.raises(ConfigurationError) as refused:
+        TokenVerifier.from_env()
+    assert str(bad) in str(refused.value) and "PEM public key" in str(refused.value)
+
+
+def test_the_verifier_parses_its_pem_key_once_not_on_every_token(
+    dev_keys: tuple[Path, Path],
+) -> None:
+    verifier = TokenVerifier(key=dev_keys[1].read_bytes())
+    assert not isinstance(verifier.key, bytes | str)
+    issuer = TokenIssuer.from_file(dev_keys[0])
+    token = issuer.caller_token(org_id="acme", user_id="maria", roles=["manager"])
+    assert verifier.verify_caller(token).user_id == "maria"
