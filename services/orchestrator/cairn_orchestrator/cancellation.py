@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
 
@@ -36,13 +36,16 @@ class CancelWatch:
         self._poll_seconds = poll_seconds
         # Whether this process still works on any run (the watcher stops when not).
         self._working = working
-        # Set when a person cancels a run this process is working on (CancelRun here,
-        # or on another replica, which the watcher finds in the run's state).
-        self._cancels: dict[str, asyncio.Event] = {}
+        # Done when a person cancels a run this process is working on (CancelRun here,
+        # or on another replica, which the watcher finds in the run's state). A
+        # future, not an Event: the work in flight is raced against it directly,
+        # without a waiter task per model call, read and tool turn.
+        self._cancels: dict[str, asyncio.Future[None]] = {}
         self._watcher: asyncio.Task[None] | None = None
 
     def watch(self, run_id: str) -> None:
-        self._cancels.setdefault(run_id, asyncio.Event())
+        if run_id not in self._cancels:
+            self._cancels[run_id] = asyncio.get_running_loop().create_future()
         if self._confirmations is not None and (self._watcher is None or self._watcher.done()):
             self._watcher = asyncio.create_task(self._watch_cancels(self._confirmations))
 
@@ -52,9 +55,9 @@ class CancelWatch:
     def cancelled(self, run_id: str) -> None:
         """A person cancelled the run: if this process works on it, cut its model call
         (and the reads in flight) short; the writes after would be refused anyway."""
-        event = self._cancels.get(run_id)
-        if event is not None:
-            event.set()
+        cancel = self._cancels.get(run_id)
+        if cancel is not None and not cancel.done():
+            cancel.set_result(None)
 
     async def stop(self) -> None:
         if self._watcher is not None:
@@ -67,7 +70,7 @@ class CancelWatch:
         query per process, not per run; it runs only while runs are in flight."""
         while self._working():
             await asyncio.sleep(self._poll_seconds)
-            watched = [r for r, e in self._cancels.items() if not e.is_set()]
+            watched = [r for r, cancel in self._cancels.items() if not cancel.done()]
             try:
                 found = await confirmations.cancelled_runs(watched)
             except StoreUnavailable:
@@ -79,18 +82,16 @@ class CancelWatch:
     async def unless_cancelled(self, scope: RunScope, work: Awaitable[T]) -> T:
         """Await `work`, unless the run is cancelled first: then `work` is cancelled
         (a gRPC call in flight is cancelled with it) and RunCancelled raised."""
-        event = self._cancels.get(scope.run.run_id)
+        cancel = self._cancels.get(scope.run.run_id)
         task = asyncio.ensure_future(work)
-        if event is None:
+        if cancel is None:
             return await task
-        waiter = asyncio.create_task(event.wait())
         try:
-            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            racing: set[asyncio.Future[Any]] = {task, cancel}
+            await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
             task.cancel()
             raise
-        finally:
-            waiter.cancel()
         if task.done():
             return task.result()
         task.cancel()
