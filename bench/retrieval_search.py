@@ -394,6 +394,19 @@ class BothStores:
     def identity(self) -> str:
         return self._stores["edge"].identity()
 
+    def location(self) -> str:
+        return self._stores["edge"].location()
+
+    async def store_id(self) -> str:
+        return await self._stores["edge"].store_id()
+
+    async def count(self) -> int:
+        return await self._stores["edge"].count()
+
+    async def recreate(self) -> None:
+        for store in self._stores.values():
+            await store.recreate()
+
     async def ensure_collection(self) -> None:
         for store in self._stores.values():
             await store.ensure_collection()
@@ -533,8 +546,8 @@ async def _measure_corpus(
     figures: list[Figure] = []
     # As the service does once started: what loading left (the corpora, local mode's
     # points) is kept out of the collections the searches would otherwise pay for.
-    for engine in corpus.engines.values():
-        await engine.count()
+    for store in corpus.engines.values():
+        await store.count()
     freeze_start_up_heap()
     keyword_searcher = _searcher(corpus, "edge", None)
     stats = await PostgresCorpusCounts(corpus.db).counts_by_source(corpus.org_id, model_id="")
