@@ -2,10 +2,11 @@
 
 A token is urlsafe base64 (no padding) over a compact JSON object of short string
 fields. It is opaque to callers, so a service may change what it puts inside, but
-it decodes only what `encode_page_token` made: a token is accepted only when its
-fields encode back to exactly the same text, which refuses bad base64, stray
-padding, bad UTF-8, duplicate or reordered keys, other JSON shapes and anything
-too long with one exception, UnreadablePageToken. What the fields mean (a time, an
+it decodes only what `encode_page_token` could have made: a token is accepted only
+when its fields encode back to exactly the same text, which refuses bad base64,
+stray padding, bad UTF-8, duplicate keys, spaced JSON, other JSON shapes and
+anything too long with one exception, UnreadablePageToken. The same fields in
+another order are accepted (they name the same place in the listing). What the fields mean (a time, an
 id, the filter the token was issued under) is each service's to check, and each
 says in its own words what a caller should pass instead.
 
