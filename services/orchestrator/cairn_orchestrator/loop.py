@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from cairn_libs.clock import Clock, SystemClock
 from cairn_orchestrator.approvals import Approvals
 from cairn_orchestrator.confirmations import DEFAULT_CONFIRMATION_TTL_SECONDS
 from cairn_orchestrator.conversation import ConversationArchiver
@@ -48,13 +49,11 @@ from cairn_orchestrator.lifecycle import RunLifecycle
 from cairn_orchestrator.opening import Opening
 from cairn_orchestrator.phases import DEFAULT_MAX_COMPLETION_TOKENS
 from cairn_orchestrator.ports import (
-    Clock,
     ConfirmationStore,
     KnowledgeSearch,
     MemoryRecall,
     ModelGateway,
     RunStore,
-    SystemClock,
 )
 from cairn_orchestrator.recording import StepRecorder
 from cairn_orchestrator.resume import Resumption

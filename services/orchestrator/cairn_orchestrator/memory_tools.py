@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Final
 
+from cairn_libs.clock import Clock
 from cairn_libs.errors import DENIAL_MESSAGE
 from cairn_libs.memory_block import NEVER_A_REASON
 from cairn_orchestrator.domain import (
@@ -51,7 +52,7 @@ from cairn_orchestrator.domain import (
     SubjectKindName,
 )
 from cairn_orchestrator.errors import DependencyFailed
-from cairn_orchestrator.ports import Clock, MemoryService
+from cairn_orchestrator.ports import MemoryService
 from cairn_orchestrator.tools import Tool, ToolContext, ToolHandler, ToolResult
 
 REMEMBER: Final = "remember"

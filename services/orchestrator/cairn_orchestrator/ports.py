@@ -10,7 +10,7 @@ without the caller's own token (I1).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Protocol
 
 from cairn_orchestrator.confirmations import Recovered, ResolutionRecord, Resolver
@@ -304,12 +304,3 @@ class ConfirmationStore(RunCancels, RunLeases, Protocol):
     async def pending_confirmations(
         self, *, org_id: str, user_id: str | None
     ) -> list[Confirmation]: ...
-
-
-class Clock(Protocol):
-    def now(self) -> datetime: ...
-
-
-class SystemClock:
-    def now(self) -> datetime:
-        return datetime.now(UTC)

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from cairn_libs.clock import Clock
 from cairn_libs.identity import Principal
 from cairn_orchestrator.domain import AgentSpec, CallCredentials, Run
-from cairn_orchestrator.ports import Clock
 
 ActorTokenMinter = Callable[[str, str], str]
 """(run_id, agent) -> the orchestrator's per-run service credential."""

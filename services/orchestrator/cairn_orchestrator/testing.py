@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
+from cairn_libs.clock import FakeClock
 from cairn_libs.identity import Principal
 from cairn_orchestrator.domain import (
     ENGLISH,
@@ -116,17 +117,6 @@ def tool_calls(*calls: tuple[str, str], tokens: int = 100) -> ModelReply:
         provider="scripted",
         model="scripted-model",
     )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.moment = datetime(2025, 1, 1, tzinfo=UTC)
-
-    def now(self) -> datetime:
-        return self.moment
-
-    def advance(self, seconds: float) -> None:
-        self.moment += timedelta(seconds=seconds)
 
 
 @dataclass

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from cairn_libs.clock import FakeClock
 from cairn_libs.db import Database
 from cairn_libs.errors import InvalidInput
 from cairn_libs.fence import block_body as tool_data
@@ -47,7 +48,6 @@ from cairn_orchestrator.postgres import SCHEMA, PostgresRunStore, migrations
 from cairn_orchestrator.run_scope import Caller
 from cairn_orchestrator.specs import AgentCatalog
 from cairn_orchestrator.testing import (
-    FakeClock,
     FakeMemory,
     FakeRetrieval,
     HeldReply,

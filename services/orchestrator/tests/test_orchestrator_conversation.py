@@ -9,6 +9,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cairn_libs.clock import FakeClock
 from cairn_libs.fence import NONCE_PATTERN
 from cairn_libs.fence import block_body as tool_data
 from cairn_orchestrator.conversation import CompactedConversation, ConversationArchiver
@@ -37,7 +38,6 @@ from cairn_orchestrator.memory_tools import RECALL, memory_tools
 from cairn_orchestrator.run_scope import Caller
 from cairn_orchestrator.testing import (
     ALICE,
-    FakeClock,
     FakeMemory,
     FakeRetrieval,
     MemoryRunStore,

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from cairn_libs.clock import FakeClock
 from cairn_libs.db import Database
 from cairn_libs.errors import InvalidInput
 from cairn_libs.identity import Principal
@@ -38,7 +39,7 @@ from cairn_orchestrator.memory_tools import (
     update_profile_card,
 )
 from cairn_orchestrator.servicer import run_to_proto
-from cairn_orchestrator.testing import FakeClock, FakeMemory, ScriptedGateway, answer, tool_calls
+from cairn_orchestrator.testing import FakeMemory, ScriptedGateway, answer, tool_calls
 from cairn_orchestrator.tools import ToolContext
 from services.orchestrator.tests.test_orchestrator_confirmations import Harness
 

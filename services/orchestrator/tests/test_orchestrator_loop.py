@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from cairn_libs.clock import FakeClock
 from cairn_libs.fence import block_body as tool_data
 from cairn_libs.identity import Principal
 from cairn_orchestrator.domain import (
@@ -32,7 +33,6 @@ from cairn_orchestrator.run_scope import Caller
 from cairn_orchestrator.specs import AgentCatalog
 from cairn_orchestrator.testing import (
     ALICE,
-    FakeClock,
     FakeMemory,
     FakeRetrieval,
     MemoryRunStore,

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from cairn_libs.clock import FakeClock
 from cairn_libs.errors import DENIAL_MESSAGE
 from cairn_libs.identity import Principal
 from cairn_libs.memory_block import NEVER_A_REASON
@@ -37,7 +38,7 @@ from cairn_orchestrator.memory_tools import (
     remember_card,
     update_profile_card,
 )
-from cairn_orchestrator.testing import FakeClock, FakeMemory, memory
+from cairn_orchestrator.testing import FakeMemory, memory
 from cairn_orchestrator.tools import (
     CONFIRMATION_UNAVAILABLE,
     INVALID_INPUT,

@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from cairn.retrieval.v1 import retrieval_pb2, retrieval_pb2_grpc
+from cairn_libs.clock import FakeClock
 from cairn_libs.fence import block_body as tool_data
 from cairn_orchestrator.domain import (
     CallCredentials,
@@ -31,7 +32,6 @@ from cairn_orchestrator.remote import RetrievalClient
 from cairn_orchestrator.run_scope import Caller
 from cairn_orchestrator.testing import (
     ALICE,
-    FakeClock,
     FakeMemory,
     MemoryRunStore,
     ScriptedGateway,

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from cairn_libs.clock import FakeClock
 from cairn_orchestrator.domain import (
     CallCredentials,
     ConversationTurn,
@@ -31,7 +32,6 @@ from cairn_orchestrator.recording import StepRecorder
 from cairn_orchestrator.run_scope import Caller, RunClock, RunScope
 from cairn_orchestrator.testing import (
     ALICE,
-    FakeClock,
     FakeMemory,
     FakeRetrieval,
     MemoryRunStore,
