@@ -247,7 +247,15 @@ class MixedLoad:
             )
             if progress.HasField("result")
         ]
-        good = (retrieval_pb2.DOCUMENT_OUTCOME_INGESTED, retrieval_pb2.DOCUMENT_OUTCOME_UNCHANGED)
+        # Each call ingests its own document id, so only a retry of this same call can
+        # meet it already stored: UNCHANGED, or REPLACED when the retry reached a local
+        # replica whose own embedded vector store lacked its vectors. All three mean
+        # the document is stored.
+        good = (
+            retrieval_pb2.DOCUMENT_OUTCOME_INGESTED,
+            retrieval_pb2.DOCUMENT_OUTCOME_UNCHANGED,
+            retrieval_pb2.DOCUMENT_OUTCOME_REPLACED,
+        )
         if outcomes and all(o in good for o in outcomes):
             record.outcome = OK
         else:
