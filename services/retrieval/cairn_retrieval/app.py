@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import grpc
 import structlog
+from qdrant_client import AsyncQdrantClient
 
 from cairn.retrieval.v1 import retrieval_pb2_grpc
 from cairn_libs.db import Database, PoolReset, database_url, load_migrations
@@ -153,7 +154,9 @@ def freeze_start_up_heap() -> None:
     gc.freeze()
 
 
-def vector_store_from_env(*, dimensions: int) -> VectorStore:
+def vector_store_from_env(
+    *, dimensions: int, qdrant_client: Callable[..., AsyncQdrantClient] = AsyncQdrantClient
+) -> VectorStore:
     """QDRANT_URL: a Qdrant server. Otherwise an embedded store in CAIRN_QDRANT_PATH
     (default state/qdrant): CAIRN_QDRANT_ENGINE=edge (the default, Qdrant's engine
     in-process) or local (qdrant-client's local mode, exact but slow past a few
@@ -172,6 +175,7 @@ def vector_store_from_env(*, dimensions: int) -> VectorStore:
             replication_factor=positive_whole_number(
                 "CAIRN_QDRANT_REPLICATION_FACTOR", None, error=ConfigInvalid
             ),
+            client=qdrant_client,
         )
     path = Path(os.environ.get("CAIRN_QDRANT_PATH", str(REPO_ROOT / "state" / "qdrant")))
     path.mkdir(parents=True, exist_ok=True)

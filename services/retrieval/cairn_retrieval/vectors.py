@@ -13,7 +13,7 @@ reason stated (I11).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -96,7 +96,10 @@ class QdrantVectorStore:
         api_key: str | None = None,
         timeout_seconds: int = 5,
         replication_factor: int | None = None,
+        client: Callable[..., AsyncQdrantClient] = AsyncQdrantClient,
     ) -> None:
+        """`client` makes the qdrant-client connection (keyword arguments as
+        AsyncQdrantClient's); a test passes a recorder of what is asked of a server."""
         if sum(x is not None for x in (path, location, url)) != 1:
             raise ValueError("give exactly one of path, location or url")
         self.collection = collection
@@ -109,6 +112,7 @@ class QdrantVectorStore:
         # A Qdrant cluster keeps this many copies of each shard of the collection it
         # creates (None: the server's default); a collection that exists keeps its own.
         self._replication_factor = replication_factor
+        self._new_client = client
         self._client: AsyncQdrantClient | None = None
         self._collection_ready = False
         self._store_id = ""
@@ -148,13 +152,13 @@ class QdrantVectorStore:
     def _connect(self) -> AsyncQdrantClient:
         if self._client is None:
             if self._url is not None:
-                self._client = AsyncQdrantClient(
+                self._client = self._new_client(
                     url=self._url, api_key=self._api_key, timeout=self._timeout
                 )
             elif self._path is not None:
-                self._client = AsyncQdrantClient(path=self._path)
+                self._client = self._new_client(path=self._path)
             else:
-                self._client = AsyncQdrantClient(location=self._location)
+                self._client = self._new_client(location=self._location)
         return self._client
 
     async def probe(self) -> bool:

@@ -35,10 +35,9 @@ async def test_a_server_collection_is_created_with_the_configured_replication_fa
 ) -> None:
     monkeypatch.setenv("QDRANT_URL", "http://qdrant.example:6333")
     monkeypatch.setenv("CAIRN_QDRANT_REPLICATION_FACTOR", "2")
-    store = vector_store_from_env(dimensions=384)
-    assert isinstance(store, QdrantVectorStore)
     recorder = RecordingClient()
-    store._client = recorder  # type: ignore[assignment]
+    store = vector_store_from_env(dimensions=384, qdrant_client=lambda **_: recorder)
+    assert isinstance(store, QdrantVectorStore)
     await store.probe()
     assert recorder.created["replication_factor"] == 2
 
