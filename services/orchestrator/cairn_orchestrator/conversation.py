@@ -16,12 +16,12 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from cairn_libs.token_estimate import estimate_tokens
 from cairn_orchestrator.conversation_window import (
     BlockToArchive,
     ConversationPlan,
     cited_block_ids,
     clip_turn,
-    estimate_tokens,
     window_lines,
 )
 from cairn_orchestrator.domain import (

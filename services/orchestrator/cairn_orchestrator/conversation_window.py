@@ -23,10 +23,10 @@ were. Clipping plus a verbatim archive loses nothing and costs nothing.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from cairn_libs.token_estimate import estimate_tokens
 from cairn_orchestrator.domain import ConversationTurn, TurnRole
 
 CONVERSATION_TOKEN_BOUND = 600
@@ -37,12 +37,6 @@ LABEL_HEAD_CHARS = 120
 # The widest id the archive hands out ("r" and 18 digits): planning with it means a
 # window rendered with the real, shorter ids never exceeds the bound.
 _WIDEST_BLOCK_ID = "r" + "9" * 18
-
-
-def estimate_tokens(text: str) -> int:
-    """A deliberately simple bound (about four characters a token), good enough to
-    keep a window small; the gateway counts real usage."""
-    return math.ceil(len(text) / 4)
 
 
 def clip_turn(text: str, *, limit: int = CONVERSATION_TURN_CHARS) -> str:

@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 from cairn_libs.clock import FakeClock
 from cairn_libs.fence import NONCE_PATTERN
 from cairn_libs.fence import block_body as tool_data
+from cairn_libs.token_estimate import estimate_tokens
 from cairn_orchestrator.conversation import CompactedConversation, ConversationArchiver
 from cairn_orchestrator.conversation_window import (
     ARCHIVE_AT_CHARS,
     CONVERSATION_TOKEN_BOUND,
     CONVERSATION_TURN_CHARS,
     cited_block_ids,
-    estimate_tokens,
     plan_conversation,
     window_lines,
 )

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from cairn_libs.fence import NONCE_PATTERN, block_body
 from cairn_libs.memory_block import NEVER_A_REASON
+from cairn_libs.token_estimate import estimate_tokens
 from cairn_orchestrator.conversation_window import (
     CONVERSATION_TOKEN_BOUND,
     conversation_window,
-    estimate_tokens,
 )
 from cairn_orchestrator.domain import (
     AgentSpec,
