@@ -37,10 +37,8 @@ from cairn_orchestrator.domain import (
 from cairn_orchestrator.errors import RunTakenOver
 from cairn_orchestrator.pg.base import PgStore
 from cairn_orchestrator.pg.rows import (
-    RUN_WITH_PENDING,
     confirmation_from_row,
     json_text,
-    run_from_row,
 )
 from cairn_orchestrator.pg.tx import append_steps, expire_in, lost_in, run_in
 from cairn_orchestrator.store_decisions import (
@@ -104,10 +102,7 @@ class PgConfirmations(PgStore):
                 raise await lost_in(conn, org_id, run_id)
             detail = {**step.detail, **requested_detail(proposal, expires_at=expires_at)}
             await append_steps(conn, org_id, run_id, [replace(step, detail=detail)])
-            row = await conn.fetchrow(
-                RUN_WITH_PENDING + " WHERE r.org_id = $1 AND r.run_id = $2", org_id, run_id
-            )
-        return run_from_row(row)
+            return await run_in(conn, org_id, run_id)
 
     async def resolve_confirmation(
         self,
