@@ -9,7 +9,6 @@ lease: a process whose run was taken over gets RunTakenOver and writes nothing.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 from cairn_orchestrator.domain import (
@@ -227,10 +226,3 @@ class PgRuns(PgStore):
                 after_seq,
             )
         return [step_from_row(row) for row in rows]
-
-    async def load_loop_state(self, *, org_id: str, run_id: str) -> LoopState | None:
-        async with self._connection() as conn:
-            raw = await conn.fetchval(
-                "SELECT loop_state FROM runs WHERE org_id = $1 AND run_id = $2", org_id, run_id
-            )
-        return LoopState.from_json(json.loads(raw)) if raw is not None else None
