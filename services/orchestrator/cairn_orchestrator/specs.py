@@ -36,9 +36,6 @@ from cairn_orchestrator.tool_sources import DeclaredSource, merge_sources, parse
 
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 SOURCE_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
-REQUIRED_FIELDS = ("name", "description", "tier", "system_prompt", "budgets")
-OPTIONAL_FIELDS = ("tools", "sources", "reads_memory", "tool_sources")
-BUDGET_FIELDS = ("tokens", "model_calls", "wall_seconds")
 
 
 class AgentCatalog:
@@ -212,7 +209,7 @@ class BudgetFields(_Declared):
     @classmethod
     def _a_mapping(cls, value: object) -> object:
         if not isinstance(value, Mapping):
-            raise ValueError(f"{value!r} must be a mapping with {', '.join(BUDGET_FIELDS)}")
+            raise ValueError(f"{value!r} must be a mapping with {', '.join(cls.model_fields)}")
         return value
 
 
@@ -269,8 +266,8 @@ class SpecFields(_Declared):
 
 
 _KNOWN: Mapping[str, tuple[str, str]] = {
-    "": ("is not a spec field; known fields", ", ".join(REQUIRED_FIELDS + OPTIONAL_FIELDS)),
-    "budgets": ("is not a budget; known budgets", ", ".join(BUDGET_FIELDS)),
+    "": ("is not a spec field; known fields", ", ".join(SpecFields.model_fields)),
+    "budgets": ("is not a budget; known budgets", ", ".join(BudgetFields.model_fields)),
 }
 
 
