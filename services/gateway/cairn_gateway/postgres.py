@@ -240,10 +240,10 @@ def _reservation_unavailable(request: ChatRequest, exc: BaseException) -> Ledger
 
 
 def _reservation(row: asyncpg.Record, request: ChatRequest) -> str:
-    # Refused under the lock: the pure check words it with what was in flight.
-    check_run_budget(request, reserved_in_flight=int(row["in_flight"]))
     reservation: str | None = row["reservation_id"]
     if reservation is None:
+        # Refused under the lock: the pure check words it with what was in flight.
+        check_run_budget(request, reserved_in_flight=int(row["in_flight"]))
         raise AssertionError("the ledger refused a reservation check_run_budget allows")
     return reservation
 
@@ -263,7 +263,16 @@ def _ceiling_args(provider: ProviderConfig, tokens: int) -> tuple[object, ...]:
 
 def _grant(row: asyncpg.Record, provider: ProviderConfig, tokens: int) -> CeilingGrant:
     granted = bool(row["granted"])
-    # The grant is what was written under the lock; the words are the pure check's.
+    if granted:
+        return CeilingGrant(
+            provider=provider.name,
+            bucket_start=int(row["bucket_start"]),
+            tokens=tokens,
+            granted=True,
+            detail="",
+            retry_after_seconds=None,
+        )
+    # Refused under the lock; the words are the pure check's.
     check = check_ceiling(
         provider=provider,
         tokens=tokens,
@@ -274,8 +283,8 @@ def _grant(row: asyncpg.Record, provider: ProviderConfig, tokens: int) -> Ceilin
     return CeilingGrant(
         provider=provider.name,
         bucket_start=int(row["bucket_start"]),
-        tokens=tokens if granted else 0,
-        granted=granted,
-        detail="" if granted else check.detail,
-        retry_after_seconds=None if granted else check.retry_after_seconds,
+        tokens=0,
+        granted=False,
+        detail=check.detail,
+        retry_after_seconds=check.retry_after_seconds,
     )
