@@ -51,13 +51,11 @@ def _encoded(fields: Mapping[str, str]) -> str:
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-def decode_page_token(
-    token: str, *, fields: Collection[str], max_chars: int = MAX_PAGE_TOKEN_CHARS
-) -> dict[str, str]:
+def decode_page_token(token: str, *, fields: Collection[str]) -> dict[str, str]:
     """The fields `token` carries; exactly the names in `fields`, each a string.
     Raises UnreadablePageToken for anything encode_page_token did not make."""
-    if len(token) > max_chars:
-        raise UnreadablePageToken(f"longer than {max_chars} characters")
+    if len(token) > MAX_PAGE_TOKEN_CHARS:
+        raise UnreadablePageToken(f"longer than {MAX_PAGE_TOKEN_CHARS} characters")
     try:
         raw = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_", validate=True)
         value = json.loads(raw.decode())
