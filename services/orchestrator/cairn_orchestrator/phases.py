@@ -21,6 +21,7 @@ from cairn_libs.fence import fence
 
 # The conversation window (bounded in tokens, not turns; large turns archived
 # before they are cut) is decided in conversation_window.py.
+from cairn_libs.memory_block import render_memories
 from cairn_orchestrator.conversation_window import conversation_window
 from cairn_orchestrator.domain import (
     AgentSpec,
@@ -38,7 +39,6 @@ from cairn_orchestrator.domain import (
     RunUsage,
     ToolCallRequest,
 )
-from cairn_orchestrator.memory_render import render_memory_block
 from cairn_orchestrator.tools import (
     CONFIRMATION_UNAVAILABLE,
     UNKNOWN_TOOL,
@@ -94,7 +94,9 @@ def user_message(
     it the window is cut from `earlier` with nothing archived."""
     blocks: list[str] = []
     if memories:
-        blocks.append(render_memory_block(memories, now=now))
+        # The one renderer of how a memory reads to a model (I9); the loop's
+        # RecalledMemory is its RenderableMemory as it is, so no proto is rebuilt.
+        blocks.append(render_memories(memories, now=now))
     if knowledge:
         blocks.append(fence("knowledge", render_knowledge(knowledge), new_nonce=new_nonce).text)
     window = tuple(conversation) if conversation is not None else conversation_window(earlier)
