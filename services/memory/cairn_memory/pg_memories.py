@@ -82,11 +82,14 @@ def semantic_recall_sql(subject: Subject | None, *, exact: bool = False) -> str:
                 LIMIT {EXACT_BELOW}
             ) bounded
         ),"""
+    # Whether the graph answered (the only branch that can come back short of k rows
+    # the org holds): read from the count already made, so no second scan.
+    approximate = "false" if exact else f"(SELECT embedded FROM org_size) >= {EXACT_BELOW}"
     return f"""
         WITH {"" if exact else org_size}
         nearest AS ({chosen}
         )
-        SELECT {MEMORY_COLUMNS}, 1 - nearest.distance AS score
+        SELECT {MEMORY_COLUMNS}, 1 - nearest.distance AS score, {approximate} AS approximate
         FROM nearest JOIN memories USING (memory_id)
         WHERE memories.org_id = $1
         ORDER BY nearest.distance, memories.memory_id
@@ -239,7 +242,10 @@ class PostgresMemories:
             # One round trip: a simple-protocol string may hold several statements.
             await conn.execute("; ".join(SEMANTIC_SETTINGS))
             rows = await conn.fetch(semantic_recall_sql(subject), *args)
-            if len(rows) < k:
+            # Short of k after the exact branch is the whole answer (the org or the
+            # subject holds fewer); only a short graph answer, or none at all, is
+            # asked again exactly.
+            if len(rows) < k and (not rows or rows[0]["approximate"]):
                 # An HNSW graph is not guaranteed to be connected: with many near-
                 # duplicate memories a query can land in an island that holds fewer
                 # than k of this org's rows although more exist. Fewer than k is

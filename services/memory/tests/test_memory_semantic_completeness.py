@@ -17,7 +17,7 @@ from cairn_libs.embedding import Embedder
 from cairn_libs.identity import CallIdentity, Principal
 from cairn_memory.domain import RecallMode, RecallQuery, RememberDraft, Subject, SubjectKind
 from cairn_memory.keeper import MemoryKeeper
-from cairn_memory.pg_memories import semantic_recall_args, semantic_recall_sql
+from cairn_memory.pg_memories import EXACT_BELOW, semantic_recall_args, semantic_recall_sql
 from cairn_memory.postgres import PostgresStore
 from cairn_memory.vault import PlainVault
 
@@ -63,7 +63,12 @@ async def test_a_short_approximate_answer_is_redone_exactly(
 ) -> None:
     def approximate_finds_one(subject: Subject | None, *, exact: bool = False) -> str:
         sql = semantic_recall_sql(subject, exact=exact)
-        return sql if exact else sql.replace("LIMIT $4", "LIMIT least($4, 1)")
+        if exact:
+            return sql
+        # The graph branch answers (as for an org past EXACT_BELOW), and comes back short.
+        graph = sql.replace(f"< {EXACT_BELOW}", "< 0").replace(f">= {EXACT_BELOW}", ">= 0")
+        assert graph != sql, "the branch gates were not found in the statement"
+        return graph.replace("LIMIT $4", "LIMIT least($4, 1)")
 
     monkeypatch.setattr(pg_memories, "semantic_recall_sql", approximate_finds_one)
     recalled = await keeper_with_notes.recall(
@@ -72,6 +77,29 @@ async def test_a_short_approximate_answer_is_redone_exactly(
     )
     assert recalled.mode is RecallMode.SEMANTIC
     assert [m.text for m in recalled.memories] == (await exact_order(local_embedder))[:4]
+
+
+async def test_a_short_answer_of_the_exact_branch_is_the_whole_answer_and_not_asked_again(
+    keeper_with_notes: MemoryKeeper,
+    local_embedder: Embedder,
+    new_org: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[bool] = []
+
+    def counted(subject: Subject | None, *, exact: bool = False) -> str:
+        asked.append(exact)
+        return semantic_recall_sql(subject, exact=exact)
+
+    monkeypatch.setattr(pg_memories, "semantic_recall_sql", counted)
+    everything = await exact_order(local_embedder)
+    recalled = await keeper_with_notes.recall(
+        RecallQuery(query=QUERY, subject=None, k=len(everything) + 5, include_profile=False),
+        Principal(org_id=new_org, user_id="alice"),
+    )
+    # The org holds fewer than k and is under EXACT_BELOW: the exact branch answered.
+    assert [m.text for m in recalled.memories] == everything
+    assert asked == [False]
 
 
 async def test_the_exact_statement_never_uses_the_hnsw_index_and_ranks_exactly(
